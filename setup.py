@@ -39,6 +39,14 @@ setuptools.setup(
     entry_points={
         "console_scripts": [
             "electra-smoke=tools.pretrain_smoke:run",
+            "electra-build-vocab=tools.build_vocab:run",
+            "electra-build-data=tools.build_pretraining_data:run",
+            "electra-pretrain=tools.pretrain:run",
+            "electra-finetune=tools.finetune:run",
+            "electra-convert=tools.convert:run",
+            "electra-export=tools.export:run",
+            "electra-serve=tools.serve:run",
+            "electra-client=tools.client:run",
         ]
     },
 )
