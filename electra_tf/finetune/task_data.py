@@ -1,0 +1,575 @@
+"""Fine-tuning tasks and their examples: local CSV/TSV/JSONL/CoNLL/SQuAD files, TFDS, Rotten Tomatoes.
+
+A `Task` says what an example looks like (which columns hold the text, the text pair and the
+label; the label set; where TFDS keeps it). `load_examples(task, split, ...)` turns a local file,
+a prepared TFDS dataset or the packaged Rotten Tomatoes corpus into a list of examples:
+
+- `SentenceExample` for classification (label = index into `task.label_names`) and regression
+  (label = float);
+- `TaggingExample` for word-level tagging (labels = indices into `task.label_names`);
+- `QAExample` for SQuAD-style span QA (v1.1, and v2.0 with `is_impossible`).
+
+Bad input raises `TaskDataError` whose message starts with `file:line:` and names the field.
+
+Example:
+  task = Task("my_sentiment", "classification", text_column="review", label_column="stars")
+  task = task.with_label_names(infer_label_names(task, "train.csv"))
+  train = load_examples(task, "train", path="train.csv")
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any, Iterator, Sequence
+
+KINDS = ("classification", "regression", "tagging", "qa")
+
+
+class TaskDataError(ValueError):
+    """Bad task data; the message names the file, the line and the field."""
+
+
+# ---------------------------------------------------------------------------------------
+# Task definitions.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """What a fine-tuning task's examples look like and where they come from.
+
+    Args:
+      name: task name (also the key for `metrics.TaskMetrics.for_task`).
+      kind: "classification", "regression", "tagging" or "qa".
+      label_names: classification / tagging label set; a label's id is its index here.
+        None until set (`with_label_names`, `infer_label_names`).
+      text_column: column (CSV/TSV header name, 0-based index for header-less TSV, or JSONL
+        key) of the first text; for tagging the JSONL key of the word list.
+      text_pair_column: column of the second text of a pair task, or None.
+      label_column: column of the label; for tagging the JSONL key of the tag list.
+      tfds_name: e.g. "glue/mrpc" or "squad/v2.0", or None.
+      tfds_splits: our split name ("train", "dev", "test") -> TFDS split name.
+      has_header: CSV/TSV files start with a header row (False: columns are indices).
+      squad_v2: QA examples may be unanswerable (`is_impossible`).
+    """
+
+    name: str
+    kind: str
+    label_names: tuple[str, ...] | None = None
+    text_column: str | int = "text"
+    text_pair_column: str | int | None = None
+    label_column: str | int = "label"
+    tfds_name: str | None = None
+    tfds_splits: tuple[tuple[str, str], ...] = (("train", "train"), ("dev", "validation"), ("test", "test"))
+    has_header: bool = True
+    squad_v2: bool = False
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"Task {self.name!r}: field 'kind' is {self.kind!r}, expected one of {KINDS}")
+        if self.label_names is not None:
+            names = tuple(str(n) for n in self.label_names)
+            if len(set(names)) != len(names) or not names:
+                raise ValueError(f"Task {self.name!r}: field 'label_names' must be non-empty and unique")
+            object.__setattr__(self, "label_names", names)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names or ())
+
+    def with_label_names(self, names: Sequence[str]) -> "Task":
+        return dataclasses.replace(self, label_names=tuple(str(n) for n in names))
+
+    def tfds_split(self, split: str) -> str:
+        mapping = dict(self.tfds_splits)
+        if split not in mapping:
+            raise ValueError(f"Task {self.name!r}: unknown split {split!r}, expected one of {sorted(mapping)}")
+        return mapping[split]
+
+
+@dataclasses.dataclass(frozen=True)
+class SentenceExample:
+    """One sentence (pair) with a class id or a regression target (None for unlabeled test data)."""
+
+    eid: int
+    text: str
+    text_pair: str | None = None
+    label: int | float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaggingExample:
+    """Words with one label id per word (None for unlabeled data)."""
+
+    eid: int
+    words: tuple[str, ...]
+    labels: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class QAAnswer:
+    text: str
+    answer_start: int  # character offset into the context
+
+
+@dataclasses.dataclass(frozen=True)
+class QAExample:
+    """A SQuAD question on its context; `answers[0]` is the training target."""
+
+    qid: str
+    question: str
+    context: str
+    answers: tuple[QAAnswer, ...] = ()
+    is_impossible: bool = False
+
+
+_MNLI_SPLITS = (("train", "train"), ("dev", "validation_matched"), ("test", "test_matched"))
+_SQUAD_SPLITS = (("train", "train"), ("dev", "validation"))
+
+
+def _glue(name, tfds_config, labels, text, pair=None, kind="classification", **kwargs):
+    return Task(name, kind, labels, text, pair, "label", f"glue/{tfds_config}", **kwargs)
+
+
+# Label names in TFDS's ClassLabel order, so a TFDS label id is our label id.
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in [
+        _glue("cola", "cola", ("unacceptable", "acceptable"), "sentence"),
+        _glue("sst-2", "sst2", ("negative", "positive"), "sentence"),
+        _glue("mrpc", "mrpc", ("not_equivalent", "equivalent"), "sentence1", "sentence2"),
+        _glue("sts-b", "stsb", None, "sentence1", "sentence2", kind="regression"),
+        _glue("qqp", "qqp", ("not_duplicate", "duplicate"), "question1", "question2"),
+        _glue("mnli", "mnli", ("entailment", "neutral", "contradiction"), "premise", "hypothesis",
+              tfds_splits=_MNLI_SPLITS),
+        _glue("qnli", "qnli", ("entailment", "not_entailment"), "question", "sentence"),
+        _glue("rte", "rte", ("entailment", "not_entailment"), "sentence1", "sentence2"),
+        Task("squad1.1", "qa", tfds_name="squad/v1.1", tfds_splits=_SQUAD_SPLITS),
+        Task("squad2.0", "qa", tfds_name="squad/v2.0", tfds_splits=_SQUAD_SPLITS, squad_v2=True),
+        Task("rotten_tomatoes", "classification", ("negative", "positive"),
+             tfds_splits=(("train", "train"), ("dev", "dev"))),
+    ]
+}
+
+
+def get_task(name: str) -> Task:
+    """A predefined task by name ("mrpc", "sst-2", "squad2.0", "rotten_tomatoes", ...)."""
+    key = name.strip().lower()
+    key = {"sst2": "sst-2", "stsb": "sts-b", "squad": "squad2.0", "squadv1": "squad1.1"}.get(key, key)
+    if key not in TASKS:
+        raise ValueError(f"unknown task {name!r}; predefined tasks: {', '.join(TASKS)}")
+    return TASKS[key]
+
+
+def rotten_tomatoes_task() -> Task:
+    """Rotten Tomatoes sentence polarity (SST-2's source): 0 = negative, 1 = positive."""
+    return TASKS["rotten_tomatoes"]
+
+
+# ---------------------------------------------------------------------------------------
+# Label sets.
+# ---------------------------------------------------------------------------------------
+
+
+def _sorted_labels(labels) -> tuple[str, ...]:
+    labels = set(labels)
+    if all(re.fullmatch(r"-?\d+", label) for label in labels):
+        return tuple(sorted(labels, key=int))  # "2" before "10"
+    return tuple(sorted(labels))
+
+
+def infer_label_names(task: Task, path: str | os.PathLike) -> tuple[str, ...]:
+    """The sorted set of labels in a (training) file: classification or tagging."""
+    if task.kind not in ("classification", "tagging"):
+        raise ValueError(f"Task {task.name!r}: a {task.kind} task has no label set")
+    path = os.fspath(path)
+    found = set()
+    if task.kind == "tagging":
+        for loc, words, tags in _tagged_sentences(task, path):
+            found.update(tags)
+    else:
+        for loc, row in _rows(task, path):
+            found.add(_raw_label_string(loc, row, task.label_column))
+    if not found:
+        raise TaskDataError(f"{path}:1: field {task.label_column!r}: no labels in the file")
+    return _sorted_labels(found)
+
+
+def save_label_names(path: str | os.PathLike, names: Sequence[str]) -> None:
+    """Writes the label set as a JSON list (saved next to a fine-tuned model)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(list(names), f, indent=0)
+        f.write("\n")
+
+
+def load_label_names(path: str | os.PathLike) -> tuple[str, ...]:
+    with open(path, encoding="utf-8") as f:
+        try:
+            names = json.load(f)
+        except json.JSONDecodeError as e:
+            raise TaskDataError(f"{os.fspath(path)}:{e.lineno}: field 'label_names': {e.msg}") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise TaskDataError(f"{os.fspath(path)}:1: field 'label_names': expected a JSON list of strings")
+    return tuple(names)
+
+
+# ---------------------------------------------------------------------------------------
+# Entry point.
+# ---------------------------------------------------------------------------------------
+
+
+def load_examples(task: Task, split: str = "train", *, path: str | os.PathLike | None = None,
+                  data_dir: str | None = None) -> list:
+    """Examples of `task`'s `split`.
+
+    Args:
+      task: the task; classification and tagging need `label_names` set.
+      split: "train", "dev" or "test" (selects the TFDS / Rotten Tomatoes split; for local files
+        only recorded in messages).
+      path: a local file: .csv, .tsv, .jsonl, .json (SQuAD), .txt/.conll (CoNLL columns).
+      data_dir: TFDS data directory (used when `path` is None and the task has `tfds_name`).
+    """
+    if path is not None:
+        return read_file(task, path)
+    if task.name == "rotten_tomatoes":
+        return rotten_tomatoes_examples(split)
+    if task.tfds_name:
+        return load_tfds(task, split, data_dir)
+    raise ValueError(f"Task {task.name!r} has no tfds_name: pass path= to a local file")
+
+
+def read_file(task: Task, path: str | os.PathLike) -> list:
+    """Reads a local file into examples, chosen by `task.kind` and the file extension."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file (task {task.name!r})")
+    if task.kind == "qa":
+        return read_squad_json(path, v2=task.squad_v2)
+    if task.kind == "tagging":
+        return [TaggingExample(i, tuple(words), _tag_ids(task, loc, tags))
+                for i, (loc, words, tags) in enumerate(_tagged_sentences(task, path))]
+    return [_sentence_example(task, i, loc, row) for i, (loc, row) in enumerate(_rows(task, path))]
+
+
+# ---------------------------------------------------------------------------------------
+# CSV / TSV / JSONL rows.
+# ---------------------------------------------------------------------------------------
+
+
+def _extension(path: str) -> str:
+    return os.path.splitext(path)[1].lower()
+
+
+def _rows(task: Task, path: str) -> Iterator[tuple[str, Any]]:
+    """Yields ("file:line", row) where row is a dict (header / JSONL) or a list (no header)."""
+    ext = _extension(path)
+    if ext == ".jsonl":
+        yield from _jsonl_rows(path)
+    elif ext in (".csv", ".tsv"):
+        yield from _delimited_rows(task, path, ext == ".tsv")
+    else:
+        raise TaskDataError(f"{path}:1: unsupported file type {ext!r}; expected .csv, .tsv or .jsonl")
+
+
+def _jsonl_rows(path: str) -> Iterator[tuple[str, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            loc = f"{path}:{line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TaskDataError(f"{loc}: malformed JSON line: {e.msg} at column {e.colno}") from None
+            if not isinstance(row, dict):
+                raise TaskDataError(f"{loc}: expected a JSON object per line, got {type(row).__name__}")
+            yield loc, row
+
+
+def _delimited_rows(task: Task, path: str, tsv: bool) -> Iterator[tuple[str, Any]]:
+    # GLUE TSVs contain bare quote characters inside sentences: they must not start quoted fields.
+    options = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else {}
+    csv.field_size_limit(1 << 30)  # IMDB-length documents exceed the 128 KiB default
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f, **options)
+        header = None
+        if task.has_header:
+            try:
+                header = next(reader)
+            except StopIteration:
+                raise TaskDataError(f"{path}:1: empty file, expected a header row") from None
+            for column in (task.text_column, task.text_pair_column, task.label_column):
+                if column is None:
+                    continue
+                if column not in header:
+                    raise TaskDataError(
+                        f"{path}:1: field {column!r}: missing column; the header has {header}")
+        for values in reader:
+            loc = f"{path}:{reader.line_num}"
+            if not values or (len(values) == 1 and not values[0].strip()):
+                continue
+            if header is None:
+                yield loc, values
+                continue
+            if len(values) != len(header):
+                raise TaskDataError(
+                    f"{loc}: expected {len(header)} fields like the header, found {len(values)}")
+            yield loc, dict(zip(header, values))
+
+
+def _field(loc: str, row, column) -> Any:
+    try:
+        return row[column]
+    except (KeyError, IndexError, TypeError):
+        raise TaskDataError(f"{loc}: field {column!r}: missing") from None
+
+
+def _text(loc: str, row, column) -> str:
+    value = _field(loc, row, column)
+    if not isinstance(value, str):
+        raise TaskDataError(f"{loc}: field {column!r}: expected a string, got {type(value).__name__}")
+    if not value.strip():
+        raise TaskDataError(f"{loc}: field {column!r}: empty text")
+    return value
+
+
+def _raw_label_string(loc: str, row, column) -> str:
+    value = _field(loc, row, column)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TaskDataError(f"{loc}: field {column!r}: expected a string or integer label, got {value!r}")
+    value = str(value).strip()
+    if not value:
+        raise TaskDataError(f"{loc}: field {column!r}: empty label")
+    return value
+
+
+def _label_id(task: Task, loc: str, column, label: str) -> int:
+    """Index of a label in `task.label_names`; 0-based indices are accepted too when no
+    label name is itself a number (e.g. GLUE's "0"/"1" against TFDS's names)."""
+    if task.label_names is None:
+        raise ValueError(f"Task {task.name!r}: set label_names (with_label_names / infer_label_names) "
+                         "before reading labeled examples")
+    if label in task.label_names:
+        return task.label_names.index(label)
+    numeric_names = any(re.fullmatch(r"-?\d+", n) for n in task.label_names)
+    if not numeric_names and re.fullmatch(r"\d+", label) and int(label) < len(task.label_names):
+        return int(label)
+    raise TaskDataError(
+        f"{loc}: field {column!r}: label {label!r} is not in the label set {list(task.label_names)}")
+
+
+def _sentence_example(task: Task, eid: int, loc: str, row) -> SentenceExample:
+    text = _text(loc, row, task.text_column)
+    pair = _text(loc, row, task.text_pair_column) if task.text_pair_column is not None else None
+    if task.kind == "regression":
+        value = _field(loc, row, task.label_column)
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            label = float(value)
+        except (TypeError, ValueError):
+            raise TaskDataError(
+                f"{loc}: field {task.label_column!r}: regression label {value!r} is not a number") from None
+        if not math.isfinite(label):
+            raise TaskDataError(f"{loc}: field {task.label_column!r}: regression label {value!r} is not finite")
+    else:
+        raw = _raw_label_string(loc, row, task.label_column)
+        label = _label_id(task, loc, task.label_column, raw)
+    return SentenceExample(eid, text, pair, label)
+
+
+# ---------------------------------------------------------------------------------------
+# Tagging: JSONL {"tokens": [...], "labels": [...]} or CoNLL columns (word ... tag).
+# ---------------------------------------------------------------------------------------
+
+
+def _tagged_sentences(task: Task, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    ext = _extension(path)
+    if ext == ".jsonl":
+        for loc, row in _jsonl_rows(path):
+            words = _field(loc, row, task.text_column)
+            tags = _field(loc, row, task.label_column)
+            for column, value in ((task.text_column, words), (task.label_column, tags)):
+                if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+                    raise TaskDataError(f"{loc}: field {column!r}: expected a list of non-empty strings")
+            if not words:
+                raise TaskDataError(f"{loc}: field {task.text_column!r}: empty sentence")
+            if len(words) != len(tags):
+                raise TaskDataError(
+                    f"{loc}: field {task.label_column!r}: {len(tags)} labels for {len(words)} tokens")
+            yield loc, words, tags
+    elif ext in (".txt", ".conll"):
+        yield from _conll_sentences(path)
+    else:
+        raise TaskDataError(f"{path}:1: unsupported tagging file type {ext!r}; expected .jsonl, .txt or .conll")
+
+
+def _conll_sentences(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+    """CoNLL-2000 style: one "word ... tag" line per word, blank lines between sentences."""
+    words, tags, start = [], [], None
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            fields = line.split()
+            if not fields or fields[0] == "-DOCSTART-":
+                if words:
+                    yield f"{path}:{start}", words, tags
+                words, tags, start = [], [], None
+                continue
+            if len(fields) < 2:
+                raise TaskDataError(f"{path}:{line_no}: field 'label': expected 'word ... tag', got {line.strip()!r}")
+            start = start or line_no
+            words.append(fields[0])
+            tags.append(fields[-1])
+    if words:
+        yield f"{path}:{start}", words, tags
+
+
+def _tag_ids(task: Task, loc: str, tags: Sequence[str]) -> tuple[int, ...]:
+    return tuple(_label_id(task, loc, task.label_column, tag) for tag in tags)
+
+
+# ---------------------------------------------------------------------------------------
+# SQuAD JSON (v1.1 / v2.0).
+# ---------------------------------------------------------------------------------------
+
+
+def _qid_line(raw: str, qid: str | None, fallback: int = 1) -> int:
+    """Line of `"id": "<qid>"` in the raw JSON (json.load keeps no positions)."""
+    if qid is None:
+        return fallback
+    match = re.search(r'"id"\s*:\s*' + re.escape(json.dumps(qid)), raw)
+    return raw.count("\n", 0, match.start()) + 1 if match else fallback
+
+
+def read_squad_json(path: str | os.PathLike, v2: bool = False) -> list[QAExample]:
+    """Reads SQuAD v1.1 / v2.0 JSON. Every answer must be `context[start:start+len(text)]`."""
+    path = os.fspath(path)
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise TaskDataError(f"{path}:{e.lineno}: malformed JSON: {e.msg} at column {e.colno}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise TaskDataError(f"{path}:1: field 'data': expected a SQuAD object with a 'data' list")
+    examples = []
+    last_line = 1
+    for a, article in enumerate(data["data"]):
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            where = f"data[{a}].paragraphs[{p}]"
+            context = paragraph.get("context")
+            if not isinstance(context, str) or not context.strip():
+                raise TaskDataError(f"{path}:{last_line}: field '{where}.context': missing or empty")
+            for q, qa in enumerate(paragraph.get("qas", [])):
+                field = f"{where}.qas[{q}]"
+                qid = qa.get("id")
+                line = last_line = _qid_line(raw, qid if isinstance(qid, str) else None, last_line)
+                loc = f"{path}:{line}"
+                if not isinstance(qid, str) or not qid:
+                    raise TaskDataError(f"{loc}: field '{field}.id': missing question id")
+                examples.append(_squad_example(loc, field, qid, qa, context, v2))
+    return examples
+
+
+def _squad_example(loc: str, field: str, qid: str, qa: dict, context: str, v2: bool) -> QAExample:
+    question = qa.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise TaskDataError(f"{loc}: field '{field}.question': missing or empty (id {qid})")
+    is_impossible = False
+    if v2:
+        is_impossible = qa.get("is_impossible")
+        if not isinstance(is_impossible, bool):
+            raise TaskDataError(f"{loc}: field '{field}.is_impossible': expected true/false (id {qid})")
+    raw_answers = qa.get("answers")
+    if not isinstance(raw_answers, list):
+        raise TaskDataError(f"{loc}: field '{field}.answers': expected a list (id {qid})")
+    if not is_impossible and not raw_answers:
+        raise TaskDataError(f"{loc}: field '{field}.answers': an answerable question needs an answer (id {qid})")
+    answers = []
+    for i, answer in enumerate(raw_answers):
+        name = f"{field}.answers[{i}]"
+        text, start = answer.get("text"), answer.get("answer_start")
+        if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, int):
+            raise TaskDataError(f"{loc}: field '{name}': needs a non-empty 'text' and an integer "
+                                f"'answer_start' (id {qid})")
+        if context[start:start + len(text)] != text:
+            found = context[max(start, 0):max(start, 0) + len(text)]
+            raise TaskDataError(f"{loc}: field '{name}.answer_start': answer {text!r} does not match the "
+                                f"context at {start} ({found!r}) (id {qid})")
+        answers.append(QAAnswer(text, start))
+    if is_impossible:
+        answers = []  # v2.0 train files keep plausible answers elsewhere; gold is empty
+    return QAExample(qid, question, context, tuple(answers), is_impossible)
+
+
+# ---------------------------------------------------------------------------------------
+# TFDS.
+# ---------------------------------------------------------------------------------------
+
+
+def load_tfds(task: Task, split: str, data_dir: str | None) -> list:
+    """Examples from a prepared TFDS dataset (never downloads)."""
+    if not task.tfds_name:
+        raise ValueError(f"Task {task.name!r} has no tfds_name")
+    tfds_split = task.tfds_split(split)
+    import tensorflow_datasets as tfds  # optional dependency (extra "tfds")
+
+    try:
+        dataset = tfds.load(task.tfds_name, split=tfds_split, data_dir=data_dir, download=False)
+    except Exception as e:  # tfds raises AssertionError / DatasetNotFoundError, by version
+        raise FileNotFoundError(
+            f"TFDS dataset {task.tfds_name!r} (split {tfds_split!r}) is not prepared under data_dir="
+            f"{data_dir!r}; run tfds.builder({task.tfds_name!r}, data_dir=...).download_and_prepare() "
+            f"where the download servers are reachable, then copy the data_dir here ({e})"
+        ) from e
+    return [tfds_record_to_example(task, i, record) for i, record in enumerate(tfds.as_numpy(dataset))]
+
+
+def _decode(value) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def tfds_record_to_example(task: Task, eid: int, record: dict):
+    """One `tfds.as_numpy` record of a GLUE or SQuAD dataset -> our example."""
+    if task.kind == "qa":
+        answers = record["answers"]
+        texts = [_decode(t) for t in answers["text"]]
+        starts = [int(s) for s in answers["answer_start"]]
+        is_impossible = bool(record.get("is_impossible", False)) if task.squad_v2 else False
+        return QAExample(
+            qid=_decode(record["id"]),
+            question=_decode(record["question"]),
+            context=_decode(record["context"]),
+            answers=() if is_impossible else tuple(QAAnswer(t, s) for t, s in zip(texts, starts)),
+            is_impossible=is_impossible,
+        )
+    text = _decode(record[task.text_column])
+    pair = _decode(record[task.text_pair_column]) if task.text_pair_column is not None else None
+    if task.kind == "regression":
+        label = float(record["label"])
+    else:
+        label = int(record["label"])
+        label = None if label < 0 else label  # GLUE test splits carry label -1
+    return SentenceExample(eid, text, pair, label)
+
+
+# ---------------------------------------------------------------------------------------
+# Rotten Tomatoes (packaged data; the SST-2 stand-in).
+# ---------------------------------------------------------------------------------------
+
+
+def rotten_tomatoes_examples(split: str = "train") -> list[SentenceExample]:
+    """Rotten Tomatoes "train" or "dev" from `electra_tf.data.corpus.rotten_tomatoes_split`:
+    a sentence is in dev when sha1("0:" + text) scaled to [0, 1) is below 0.1 (about 10%)."""
+    from electra_tf.data import corpus
+
+    train, dev = corpus.rotten_tomatoes_split()
+    rows = {"train": train, "dev": dev}.get(split)
+    if rows is None:
+        raise ValueError(f"Task 'rotten_tomatoes': unknown split {split!r}, expected 'train' or 'dev'")
+    return [SentenceExample(i, text, None, int(label)) for i, (text, label) in enumerate(rows)]
