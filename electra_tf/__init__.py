@@ -1,6 +1,18 @@
-"""electra_tf: ELECTRA (Clark et al., ICLR 2020) on TensorFlow 2 / Keras 3."""
+"""electra_tf: ELECTRA (Clark et al., ICLR 2020) on TensorFlow 2 / Keras 3.
+
+`import electra_tf` is light; the Keras models (and TensorFlow) load on first use of a model name.
+"""
 
 from electra_tf.config import ConfigError, ElectraConfig
 
 __version__ = "0.1.0"
-__all__ = ["ConfigError", "ElectraConfig"]
+
+_MODELS = ("Discriminator", "ElectraPretrainer", "Generator")
+__all__ = ["ConfigError", "ElectraConfig", *_MODELS]
+
+
+def __getattr__(name):
+    if name in _MODELS:
+        from electra_tf import models
+        return getattr(models, name)
+    raise AttributeError(f"module 'electra_tf' has no attribute {name!r}")

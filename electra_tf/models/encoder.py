@@ -1,0 +1,248 @@
+"""The BERT-style building blocks shared by ELECTRA's generator and discriminator.
+
+Faithful to the released checkpoints (reference: "Model sizes"): post-LayerNorm transformer,
+LayerNorm epsilon 1e-12, exact erf GELU (not the tanh approximation some ports use), dropout 0.1,
+truncated-normal initialisation with stddev 0.02, no pooler.
+
+Layer and weight names mirror the original TF1 variable names (`embeddings/LayerNorm`,
+`layer_3/intermediate`, ...) so that checkpoint conversion and layer-wise learning-rate decay can
+find them by path.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from electra_tf.config import ElectraConfig
+
+
+def electra_kernel_initializer(config: ElectraConfig):
+    """Truncated normal with stddev `initializer_range` (0.02), cut at 2 stddev like TF1's."""
+    return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
+
+
+def activation(name: str):
+    if name == "gelu":
+        return lambda x: keras.activations.gelu(x, approximate=False)
+    if name == "gelu_approximate":
+        return lambda x: keras.activations.gelu(x, approximate=True)
+    return keras.activations.get(name)
+
+
+def _as_config(config) -> ElectraConfig:
+    return config if isinstance(config, ElectraConfig) else ElectraConfig.from_dict(config)
+
+
+class Embeddings(keras.layers.Layer):
+    """Word + position + token-type embeddings, then LayerNorm and dropout, all of width E.
+
+    The generator and discriminator share one instance by default (paper Section 3.2).
+
+    Args:
+      config: an `ElectraConfig` (or its dict).
+
+    Example:
+    >>> emb = Embeddings(ElectraConfig.from_json("electra_tiny"))
+    >>> emb(ops.ones((2, 8), "int32"), ops.zeros((2, 8), "int32")).shape
+    (2, 8, 32)
+    """
+
+    def __init__(self, config, **kwargs):
+        kwargs.setdefault("name", "embeddings")
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        c = self.config
+        # --- layers ---
+        self.layer_norm = keras.layers.LayerNormalization(
+            epsilon=c.layer_norm_epsilon, name="LayerNorm", dtype=self.dtype_policy)
+        self.dropout = keras.layers.Dropout(c.hidden_dropout, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        # Weights are created under the caller's name scope (`discriminator/embeddings/...`).
+        c = self.config
+        init = electra_kernel_initializer(c)
+        self.word_embeddings = self.add_weight(
+            name="word_embeddings", shape=(c.vocab_size, c.embedding_size), initializer=init)
+        self.position_embeddings = self.add_weight(
+            name="position_embeddings", shape=(c.max_position_embeddings, c.embedding_size),
+            initializer=init)
+        self.token_type_embeddings = self.add_weight(
+            name="token_type_embeddings", shape=(c.type_vocab_size, c.embedding_size),
+            initializer=init)
+        self.layer_norm.build((None, None, c.embedding_size))
+
+    def call(self, input_ids, segment_ids, training=None):
+        # --- forward graph ---
+        seq_length = ops.shape(input_ids)[1]
+        x = ops.take(self.word_embeddings, input_ids, axis=0)  # [batch, seq, E]
+        x = x + ops.take(self.token_type_embeddings, segment_ids, axis=0)
+        x = x + self.position_embeddings[None, :seq_length, :]
+        x = self.layer_norm(x)
+        return self.dropout(x, training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+
+class TransformerLayer(keras.layers.Layer):
+    """One post-LayerNorm BERT layer: self-attention and FFN, each followed by add & LayerNorm.
+
+    Args:
+      config: an `ElectraConfig` (or its dict) giving hidden size, heads, FFN size, dropouts.
+
+    Example:
+    >>> layer = TransformerLayer(ElectraConfig.from_json("electra_tiny"), name="layer_0")
+    >>> layer(keras.random.normal((2, 8, 64)), ops.ones((2, 8))).shape
+    (2, 8, 64)
+    """
+
+    def __init__(self, config, **kwargs):
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        c = self.config
+        init = electra_kernel_initializer(c)
+        policy = self.dtype_policy
+        # --- layers ---
+        self.attention = keras.layers.MultiHeadAttention(
+            num_heads=c.num_heads, key_dim=c.hidden_size // c.num_heads,
+            dropout=c.attention_dropout, kernel_initializer=init, name="attention", dtype=policy)
+        self.attention_dropout = keras.layers.Dropout(c.hidden_dropout, dtype=policy)
+        self.attention_layer_norm = keras.layers.LayerNormalization(
+            epsilon=c.layer_norm_epsilon, name="attention_output_LayerNorm", dtype=policy)
+        self.intermediate = keras.layers.Dense(
+            c.intermediate_size, activation=activation(c.hidden_act), kernel_initializer=init,
+            name="intermediate", dtype=policy)
+        self.output_dense = keras.layers.Dense(
+            c.hidden_size, kernel_initializer=init, name="output", dtype=policy)
+        self.output_dropout = keras.layers.Dropout(c.hidden_dropout, dtype=policy)
+        self.output_layer_norm = keras.layers.LayerNormalization(
+            epsilon=c.layer_norm_epsilon, name="output_LayerNorm", dtype=policy)
+
+    def build(self, input_shape=None):
+        c = self.config
+        shape = (None, None, c.hidden_size)
+        self.attention.build(shape, shape)
+        self.attention_layer_norm.build(shape)
+        self.intermediate.build(shape)
+        self.output_dense.build((None, None, c.intermediate_size))
+        self.output_layer_norm.build(shape)
+
+    def call(self, x, attention_mask, training=None):
+        # --- forward graph ---
+        # attention_mask: [batch, seq] of 1 for real tokens; broadcast over queries.
+        mask = ops.cast(attention_mask[:, None, :], "bool")  # [batch, 1, seq]
+        attended = self.attention(x, x, attention_mask=mask, training=training)
+        x = self.attention_layer_norm(x + self.attention_dropout(attended, training=training))
+        hidden = self.output_dense(self.intermediate(x))
+        return self.output_layer_norm(x + self.output_dropout(hidden, training=training))
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+
+class Encoder(keras.layers.Layer):
+    """A stack of `config.num_layers` `TransformerLayer`s named `layer_0`, `layer_1`, ...
+
+    Args:
+      config: an `ElectraConfig` (or its dict).
+    """
+
+    def __init__(self, config, **kwargs):
+        kwargs.setdefault("name", "encoder")
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        self.layers = [
+            TransformerLayer(self.config, name=f"layer_{i}", dtype=self.dtype_policy)
+            for i in range(self.config.num_layers)
+        ]
+
+    def build(self, input_shape=None):
+        for layer in self.layers:
+            layer.build()
+
+    def call(self, x, attention_mask, training=None):
+        for layer in self.layers:
+            x = layer(x, attention_mask, training=training)
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+
+class EmbeddingProjection(keras.layers.Layer):
+    """Dense E -> H without activation (`embeddings_project`), present only when E != H."""
+
+    def __init__(self, config, **kwargs):
+        kwargs.setdefault("name", "embeddings_project")
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        self.dense = keras.layers.Dense(
+            self.config.hidden_size, kernel_initializer=electra_kernel_initializer(self.config),
+            name="dense", dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        self.dense.build((None, None, self.config.embedding_size))
+
+    def call(self, x):
+        return self.dense(x)
+
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
+
+class ElectraBackbone(keras.Model):
+    """Embeddings (possibly shared), optional E -> H projection and the transformer encoder.
+
+    The base of `Generator` and `Discriminator`. Takes a dict keyed by the TFRecord feature names
+    (`input_ids`, `input_mask`, `segment_ids`; `segment_ids` may be omitted).
+
+    Args:
+      config: an `ElectraConfig` (or its dict) with this model's sizes.
+      embeddings: an `Embeddings` layer to share; a new one is made when None.
+      encoder, embeddings_project: layers to share (used by "all" weight tying).
+    """
+
+    def __init__(self, config, embeddings=None, encoder=None, embeddings_project=None, **kwargs):
+        super().__init__(**kwargs)
+        self.config = _as_config(config)
+        c = self.config
+        # --- layers ---
+        self.embeddings = embeddings or Embeddings(c, dtype=self.dtype_policy)
+        if embeddings_project is not None:
+            self.embeddings_project = embeddings_project
+        elif c.embedding_size != c.hidden_size:
+            self.embeddings_project = EmbeddingProjection(c, dtype=self.dtype_policy)
+        else:
+            self.embeddings_project = None
+        self.encoder = encoder or Encoder(c, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None):
+        """Creates every weight now, under this model's name scope (`discriminator/encoder/...`),
+        so checkpoints restore before the first call. Shared layers already built are kept."""
+        for layer in (self.embeddings, self.embeddings_project, self.encoder, *self._heads()):
+            if layer is not None and not layer.built:
+                layer.build()
+
+    def _heads(self):
+        return ()
+
+    def encode(self, inputs, training=None):
+        """Returns the final hidden states, [batch, seq, H]."""
+        input_ids = inputs["input_ids"]
+        segment_ids = inputs.get("segment_ids")
+        if segment_ids is None:
+            segment_ids = ops.zeros_like(input_ids)
+        x = self.embeddings(input_ids, segment_ids, training=training)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
+        return self.encoder(x, inputs["input_mask"], training=training)
+
+    def get_config(self):
+        return {"config": self.config.to_dict(), "name": self.name}
+
+
+def dummy_inputs(batch_size: int = 1, seq_length: int = 8):
+    """A valid input dict, for building and smoke-testing models."""
+    ones = ops.ones((batch_size, seq_length), "int32")
+    return {"input_ids": ones, "input_mask": ones, "segment_ids": ops.zeros_like(ones)}
