@@ -1,0 +1,289 @@
+"""Clients for TensorFlow Serving's REST and gRPC APIs (the real server or serving.server).
+
+Both clients return the same Python values for the same request:
+
+- `predict(inputs)`: `inputs` is a dict of named columns (columnar format) or a list of
+  examples (row format: bare values for a one-input signature, else dicts). The result
+  is always a dict of output name -> numpy array with the batch first; strings are
+  `bytes` in object arrays, as `tf.make_ndarray` gives them.
+- `metadata()`, `status()`: the REST JSON of GetModelMetadata / GetModelStatus.
+- `classify_texts(texts, text_pairs)`: the exporter's `text` (+ `text_pair`) ->
+  `probabilities` / `label` contract, one dict of plain Python values per example.
+
+`RestClient` uses only the standard library (and numpy); `GrpcClient` needs the
+`tensorflow-serving-api` package.
+
+Example:
+
+    client = RestClient("127.0.0.1", 8501, "electra")
+    client.classify_texts(["a great movie"])
+    # [{"label": "positive", "probabilities": [0.1, 0.9]}]
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+import numpy as np
+
+DEFAULT_SIGNATURE = "serving_default"
+
+# DataType enum names (tensorflow/core/framework/types.proto) -> numpy dtypes.
+_NUMPY_DTYPES = {
+    "DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_HALF": np.float16,
+    "DT_INT8": np.int8, "DT_INT16": np.int16, "DT_INT32": np.int32, "DT_INT64": np.int64,
+    "DT_UINT8": np.uint8, "DT_UINT16": np.uint16, "DT_UINT32": np.uint32, "DT_UINT64": np.uint64,
+    "DT_BOOL": np.bool_, "DT_STRING": object,
+}
+
+
+class ServingRequestError(Exception):
+    """The server rejected a request. `status` is the HTTP status (REST) or the
+    grpc.StatusCode (gRPC); `message` is the server's message."""
+
+    def __init__(self, status: Any, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+class _Client:
+    def __init__(self, host: str, port: int, model_name: str, timeout: float = 60.0):
+        self.host, self.port, self.model_name, self.timeout = host, port, model_name, timeout
+        self._signatures: dict[tuple, dict] = {}
+
+    def signature(self, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict:
+        """The signature's JSON SignatureDef (inputs/outputs with dtype and shape), cached."""
+        key = (signature_name, version)
+        if key not in self._signatures:
+            defs = self.metadata(version)["metadata"]["signature_def"]["signature_def"]
+            if signature_name not in defs:
+                raise ServingRequestError("NOT_FOUND", f"signature {signature_name!r} not in {sorted(defs)}")
+            self._signatures[key] = defs[signature_name]
+        return self._signatures[key]
+
+    def _rows_to_columns(self, rows: list, signature_name: str, version: int | None) -> dict:
+        names = sorted(self.signature(signature_name, version)["inputs"])
+        if len(names) == 1 and rows and not (isinstance(rows[0], dict) and set(rows[0]) != {"b64"}):
+            return {names[0]: list(rows)}
+        return {n: [row[n] for row in rows] for n in names}
+
+    def classify_texts(
+        self,
+        texts: Sequence[str],
+        text_pairs: Sequence[str] | None = None,
+        signature_name: str = DEFAULT_SIGNATURE,
+        version: int | None = None,
+    ) -> list[dict]:
+        """Run `texts` (and `text_pairs`) through a text signature; one dict per example."""
+        inputs = {"text": list(texts)}
+        if text_pairs is not None:
+            if len(text_pairs) != len(texts):
+                raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
+            inputs["text_pair"] = list(text_pairs)
+        outputs = self.predict(inputs, signature_name, version)
+        return [{k: _plain(v[i]) for k, v in sorted(outputs.items())} for i in range(len(texts))]
+
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def metadata(self, version: int | None = None) -> dict:
+        raise NotImplementedError
+
+    def status(self, version: int | None = None) -> dict:
+        raise NotImplementedError
+
+
+def _plain(value: Any) -> Any:
+    """numpy -> JSON-able Python values; bytes decoded to str when they are UTF-8."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value] if value.dtype == object else value.tolist()
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _json_value(value: Any) -> Any:
+    """A request value as JSON: bytes go as {"b64": ...}, numpy as lists."""
+    if isinstance(value, np.ndarray):
+        return _json_value(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_value(v) for k, v in value.items()} if set(value) != {"b64"} else value
+    if isinstance(value, bytes):
+        return {"b64": base64.b64encode(value).decode("ascii")}
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _from_json(value: Any, dtype_name: str) -> np.ndarray:
+    dtype = _NUMPY_DTYPES.get(dtype_name, object)
+    if dtype is not object:
+        return np.asarray(value, dtype=dtype)
+
+    def to_bytes(v):
+        if isinstance(v, list):
+            return [to_bytes(x) for x in v]
+        if isinstance(v, dict):
+            return base64.b64decode(v["b64"])
+        return v.encode("utf-8")
+
+    converted = to_bytes(value)
+    array = np.empty(np.shape(value) if not isinstance(value, dict) else (), dtype=object)
+    if array.ndim == 0:
+        array[()] = converted
+    else:
+        array[...] = converted
+    return array
+
+
+class RestClient(_Client):
+    """TF Serving REST client (stdlib urllib)."""
+
+    def _url(self, version: int | None, suffix: str = "") -> str:
+        url = f"http://{self.host}:{self.port}/v1/models/{self.model_name}"
+        if version is not None:
+            url += f"/versions/{int(version)}"
+        return url + suffix
+
+    def _call(self, url: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            text = e.read().decode("utf-8", "replace")
+            try:
+                message = json.loads(text).get("error", text)
+            except ValueError:
+                message = text
+            raise ServingRequestError(e.code, message) from None
+
+    def status(self, version: int | None = None) -> dict:
+        return self._call(self._url(version))
+
+    def metadata(self, version: int | None = None) -> dict:
+        return self._call(self._url(version, "/metadata"))
+
+    def predict_json(self, body: dict, version: int | None = None) -> dict:
+        """POST a raw `:predict` body; return the raw JSON response."""
+        return self._call(self._url(version, ":predict"), body)
+
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+        outputs = self.signature(signature_name, version)["outputs"]
+        names = sorted(outputs)
+        if isinstance(inputs, dict):
+            response = self.predict_json({"signature_name": signature_name, "inputs": _json_value(inputs)}, version)
+            columns = response["outputs"]
+            if len(names) == 1:
+                columns = {names[0]: columns}
+        else:
+            response = self.predict_json({"signature_name": signature_name, "instances": _json_value(list(inputs))}, version)
+            rows = response["predictions"]
+            columns = {names[0]: rows} if len(names) == 1 else {n: [row[n] for row in rows] for n in names}
+        return {n: _from_json(v, outputs[n]["dtype"]) for n, v in columns.items()}
+
+
+class GrpcClient(_Client):
+    """TF Serving gRPC client (PredictionService + ModelService stubs)."""
+
+    def __init__(self, host: str, port: int, model_name: str, timeout: float = 60.0, max_message_bytes: int = 64 << 20):
+        super().__init__(host, port, model_name, timeout)
+        import grpc
+        from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
+
+        self._grpc = grpc
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.channel = grpc.insecure_channel(
+            target,
+            options=[("grpc.max_send_message_length", max_message_bytes),
+                     ("grpc.max_receive_message_length", max_message_bytes)],
+        )
+        self.prediction_stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+        self.model_stub = model_service_pb2_grpc.ModelServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _spec(self, model_spec, version: int | None, signature_name: str | None = None) -> None:
+        model_spec.name = self.model_name
+        if version is not None:
+            model_spec.version.value = int(version)
+        if signature_name is not None:
+            model_spec.signature_name = signature_name
+
+    def _rpc(self, method, request):
+        try:
+            return method(request, timeout=self.timeout)
+        except self._grpc.RpcError as e:
+            raise ServingRequestError(e.code(), e.details()) from None
+
+    def status(self, version: int | None = None) -> dict:
+        from google.protobuf import json_format
+        from tensorflow_serving.apis import get_model_status_pb2
+
+        request = get_model_status_pb2.GetModelStatusRequest()
+        self._spec(request.model_spec, version)
+        response = self._rpc(self.model_stub.GetModelStatus, request)
+        return json_format.MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+
+    def metadata_proto(self, version: int | None = None):
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        self._spec(request.model_spec, version)
+        return self._rpc(self.prediction_stub.GetModelMetadata, request)
+
+    def metadata(self, version: int | None = None) -> dict:
+        from google.protobuf import json_format
+        from tensorflow_serving.apis import get_model_metadata_pb2
+
+        response = self.metadata_proto(version)
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        response.metadata["signature_def"].Unpack(sig_map)
+        as_dict = lambda m: json_format.MessageToDict(  # noqa: E731
+            m, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return {
+            "model_spec": {"name": response.model_spec.name, "signature_name": "",
+                           "version": str(response.model_spec.version.value)},
+            "metadata": {"signature_def": as_dict(sig_map)},
+        }
+
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+        import tensorflow as tf
+        from tensorflow.core.framework import types_pb2
+        from tensorflow_serving.apis import predict_pb2
+
+        if not isinstance(inputs, dict):
+            inputs = self._rows_to_columns(list(inputs), signature_name, version)
+        input_dtypes = {k: v["dtype"] for k, v in self.signature(signature_name, version)["inputs"].items()}
+        request = predict_pb2.PredictRequest()
+        self._spec(request.model_spec, version, signature_name)
+        for name, value in inputs.items():
+            dtype = tf.as_dtype(types_pb2.DataType.Value(input_dtypes[name])) if name in input_dtypes else None
+            if dtype == tf.string:
+                value = _strings_to_bytes(value)
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
+        response = self._rpc(self.prediction_stub.Predict, request)
+        return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+
+def _strings_to_bytes(value: Any) -> Any:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_strings_to_bytes(v) for v in value]
+    if isinstance(value, dict) and set(value) == {"b64"}:
+        return base64.b64decode(value["b64"])
+    return value.encode("utf-8") if isinstance(value, str) else value

@@ -1,0 +1,412 @@
+"""serving.server over real sockets on 127.0.0.1, against real SavedModels (conftest.py)."""
+
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving import model_config
+from serving.client import GrpcClient, RestClient, ServingRequestError
+from serving.server import ModelServer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MAX_BODY = 64 * 1024
+MAX_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def server(model_base):
+    with ModelServer(model_base, max_body_bytes=MAX_BODY, max_batch_size=MAX_BATCH) as s:
+        yield s
+
+
+@pytest.fixture
+def rest(server):
+    return RestClient("127.0.0.1", server.rest_port, "tiny")
+
+
+@pytest.fixture
+def grpc_channel(server):
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        yield channel
+
+
+def http(server, method, path, body=None, raw=None, headers=None):
+    """(status, parsed JSON) for one request; never raises on 4xx/5xx."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.rest_port}{path}", data=data, method=method, headers=headers or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+PAIR = {"instances": [{"text": "a b c", "text_pair": "d"}, {"text": "x", "text_pair": ""}]}
+
+
+# ----------------------------------------------------------------------------- REST
+
+
+def test_status(server):
+    assert http(server, "GET", "/v1/models/tiny") == (200, {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+    assert http(server, "GET", "/v1/models/tiny/versions/1")[0] == 200
+
+
+def test_metadata_matches_tf_serving_shape(server):
+    status, md = http(server, "GET", "/v1/models/tiny/metadata")
+    assert status == 200
+    assert md["model_spec"] == {"name": "tiny", "signature_name": "", "version": "1"}
+    defs = md["metadata"]["signature_def"]["signature_def"]
+    assert {"serving_default", "single_text", "serve_ids", "echo", "__saved_model_init_op"} <= set(defs)
+    text = defs["serving_default"]["inputs"]["text"]
+    assert text["dtype"] == "DT_STRING"
+    assert text["tensor_shape"] == {"dim": [{"size": "-1", "name": ""}], "unknown_rank": False}
+    assert text["name"].endswith(":0")
+    probs = defs["serving_default"]["outputs"]["probabilities"]
+    assert probs["dtype"] == "DT_FLOAT" and [d["size"] for d in probs["tensor_shape"]["dim"]] == ["-1", "2"]
+    assert defs["serving_default"]["method_name"] == "tensorflow/serving/predict"
+    assert http(server, "GET", "/v1/models/tiny/versions/1/metadata")[1] == md
+
+
+def test_predict_row_multi_input_multi_output(server):
+    status, body = http(server, "POST", "/v1/models/tiny:predict", PAIR)
+    assert status == 200
+    # 4 words -> logits [2, 1] -> negative; 1 word -> [0.5, 1] -> positive.
+    assert [p["label"] for p in body["predictions"]] == ["negative", "positive"]
+    assert body["predictions"][0]["probabilities"] == pytest.approx([0.7310586, 0.26894143])
+
+
+def test_predict_row_single_input_bare_values_and_b64(server):
+    body = {"signature_name": "single_text", "instances": ["a b c", {"b64": base64.b64encode(b"x").decode()}]}
+    status, out = http(server, "POST", "/v1/models/tiny/versions/1:predict", body)
+    assert status == 200, out
+    assert [p["label"] for p in out["predictions"]] == ["negative", "positive"]
+    # Named objects work for a one-input signature too.
+    named = {"signature_name": "single_text", "instances": [{"text": "a b c"}, {"text": "x"}]}
+    assert http(server, "POST", "/v1/models/tiny:predict", named)[1] == out
+
+
+def test_predict_columnar_and_single_output(server):
+    body = {"signature_name": "serve_ids",
+            "inputs": {"input_ids": [[1, 2], [3, 4]], "input_mask": [[1, 1], [1, 0]], "segment_ids": [[0, 1], [0, 0]]}}
+    assert http(server, "POST", "/v1/models/tiny:predict", body) == (200, {"outputs": [[4.0, 1.0], [3.0, 1.0]]})
+    # Row format with a single output: predictions is a plain list, one entry per example.
+    rows = {"signature_name": "serve_ids", "instances": [
+        {"input_ids": [1, 2], "input_mask": [1, 1], "segment_ids": [0, 1]}]}
+    assert http(server, "POST", "/v1/models/tiny:predict", rows) == (200, {"predictions": [[4.0, 1.0]]})
+    # Columnar, several outputs: an object of named tensors.
+    columnar = {"inputs": {"text": ["a b c", "x"], "text_pair": ["d", ""]}}
+    status, out = http(server, "POST", "/v1/models/tiny:predict", columnar)
+    assert status == 200 and out["outputs"]["label"] == ["negative", "positive"]
+
+
+def test_string_outputs_that_are_not_utf8_come_back_as_b64(server):
+    body = {"signature_name": "echo", "inputs": ["ok", {"b64": base64.b64encode(b"\x00\xfe").decode()}]}
+    status, out = http(server, "POST", "/v1/models/tiny:predict", body)
+    assert status == 200
+    assert [base64.b64decode(o["b64"]) for o in out["outputs"]] == [b"ok\xff", b"\x00\xfe\xff"]
+
+
+BAD_REQUESTS = [
+    # (name, method, path, body or raw bytes, expected status, words in the message)
+    ("invalid JSON", "POST", "/v1/models/tiny:predict", b'{"instances": [', 400, "JSON parse error"),
+    ("neither key", "POST", "/v1/models/tiny:predict", {"examples": []}, 400, "exactly one of"),
+    ("wrong signature", "POST", "/v1/models/tiny:predict", {"signature_name": "nope", "instances": ["a"]}, 404, '"nope" not found'),
+    ("wrong input name", "POST", "/v1/models/tiny:predict", {"instances": [{"text": "a", "txt_pair": "b"}]}, 400, "'txt_pair' is not an input"),
+    ("missing input", "POST", "/v1/models/tiny:predict", {"inputs": {"text": ["a"]}}, 400, "text_pair"),
+    ("wrong dtype", "POST", "/v1/models/tiny:predict",
+     {"signature_name": "serve_ids", "inputs": {"input_ids": [["a"]], "input_mask": [[1]], "segment_ids": [[0]]}}, 400, "expected an integer"),
+    ("float for int", "POST", "/v1/models/tiny:predict",
+     {"signature_name": "serve_ids", "inputs": {"input_ids": [[1.5]], "input_mask": [[1]], "segment_ids": [[0]]}}, 400, "int32"),
+    ("ragged", "POST", "/v1/models/tiny:predict",
+     {"signature_name": "serve_ids", "inputs": {"input_ids": [[1, 2], [1]], "input_mask": [[1, 1], [1]], "segment_ids": [[0, 0], [0]]}}, 400, "ragged"),
+    ("wrong rank", "POST", "/v1/models/tiny:predict", {"signature_name": "single_text", "inputs": [["a"]]}, 400, "shape"),
+    ("empty batch", "POST", "/v1/models/tiny:predict", {"instances": []}, 400, "empty"),
+    ("empty columnar batch", "POST", "/v1/models/tiny:predict", {"signature_name": "single_text", "inputs": []}, 400, "empty"),
+    ("batch too large", "POST", "/v1/models/tiny:predict", {"signature_name": "single_text", "instances": ["a"] * (MAX_BATCH + 1)}, 400, "max_batch_size"),
+    ("bad b64", "POST", "/v1/models/tiny:predict", {"signature_name": "single_text", "instances": [{"b64": "%%%"}]}, 400, "base64"),
+    ("non-UTF-8 body", "POST", "/v1/models/tiny:predict", b'{"instances": ["\xff\xfe"]}', 400, "UTF-8"),
+    ("lone surrogate", "POST", "/v1/models/tiny:predict", b'{"signature_name": "single_text", "instances": ["\\ud800"]}', 400, "UTF-8"),
+    ("unknown model", "POST", "/v1/models/nope:predict", PAIR, 404, "Servable not found"),
+    ("unknown version", "POST", "/v1/models/tiny/versions/7:predict", PAIR, 404, "Specific(tiny, 7)"),
+    ("unknown model status", "GET", "/v1/models/nope", None, 404, "nope"),
+    ("unknown version status", "GET", "/v1/models/tiny/versions/7", None, 404, "version 7"),
+    ("unknown version metadata", "GET", "/v1/models/tiny/versions/7/metadata", None, 404, "Specific(tiny, 7)"),
+    ("label", "GET", "/v1/models/tiny/labels/stable", None, 404, "label"),
+    ("bad path", "GET", "/v2/whatever", None, 404, "Malformed request"),
+    ("GET on predict", "GET", "/v1/models/tiny:predict", None, 405, "not allowed"),
+    ("POST on status", "POST", "/v1/models/tiny", PAIR, 405, "not allowed"),
+    ("classify", "POST", "/v1/models/tiny:classify", {"examples": [{}]}, 400, ":predict"),
+]
+
+
+@pytest.mark.parametrize("name,method,path,body,status,words", BAD_REQUESTS, ids=[b[0] for b in BAD_REQUESTS])
+def test_bad_request_gets_4xx_and_server_keeps_serving(server, name, method, path, body, status, words):
+    raw = body if isinstance(body, bytes) else None
+    got_status, got = http(server, method, path, body=None if raw else body, raw=raw)
+    assert got_status == status, got
+    assert set(got) == {"error"} and words in got["error"], got["error"]
+    assert http(server, "POST", "/v1/models/tiny:predict", PAIR)[0] == 200
+
+
+def test_oversized_body_gets_413(server):
+    body = {"signature_name": "single_text", "instances": ["x" * MAX_BODY]}
+    status, got = http(server, "POST", "/v1/models/tiny:predict", body)
+    assert status == 413 and "exceeds the limit" in got["error"]
+    assert http(server, "POST", "/v1/models/tiny:predict", PAIR)[0] == 200
+
+
+def test_concurrent_requests(server):
+    client = RestClient("127.0.0.1", server.rest_port, "tiny")
+    expected = client.classify_texts(["a b c", "x"], ["d", ""])
+    results, errors = [], []
+
+    def worker(i):
+        try:
+            for _ in range(3):
+                results.append(client.classify_texts(["a b c", "x"], ["d", ""]))
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and len(results) == 24 and all(r == expected for r in results)
+
+
+# ----------------------------------------------------------------------------- gRPC
+
+
+def test_grpc_predict_matches_rest(server, grpc_channel):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc_channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tiny"
+    request.inputs["text"].CopyFrom(tf.make_tensor_proto([b"a b c", b"x"]))
+    request.inputs["text_pair"].CopyFrom(tf.make_tensor_proto([b"d", b""]))
+    response = stub.Predict(request, timeout=30)
+    assert response.model_spec.version.value == 1 and response.model_spec.signature_name == "serving_default"
+    assert list(response.outputs["probabilities"].float_val)  # typed fields, as TF Serving writes them
+    _, rest_out = http(server, "POST", "/v1/models/tiny:predict", {"inputs": {"text": ["a b c", "x"], "text_pair": ["d", ""]}})
+    np.testing.assert_array_equal(
+        tf.make_ndarray(response.outputs["probabilities"]), np.array(rest_out["outputs"]["probabilities"], np.float32))
+    assert [b.decode() for b in tf.make_ndarray(response.outputs["label"])] == rest_out["outputs"]["label"]
+
+
+def test_clients_agree(server):
+    rest = RestClient("127.0.0.1", server.rest_port, "tiny")
+    with GrpcClient("127.0.0.1", server.grpc_port, "tiny") as grpc_client:
+        assert grpc_client.classify_texts(["a b c", "x"], ["d", ""]) == rest.classify_texts(["a b c", "x"], ["d", ""])
+        ids = {"input_ids": [[1, 2]], "input_mask": [[1, 1]], "segment_ids": [[0, 1]]}
+        for a, b in ((rest.predict(ids, "serve_ids"), grpc_client.predict(ids, "serve_ids")),
+                     (rest.predict(["a b", "c"], "single_text"), grpc_client.predict(["a b", "c"], "single_text"))):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+        assert grpc_client.status() == rest.status()
+        assert grpc_client.metadata()["metadata"] == rest.metadata()["metadata"]
+        with pytest.raises(ServingRequestError) as e:
+            rest.predict({"text": ["a"]}, "nope")
+        assert e.value.status == "NOT_FOUND"
+
+
+def test_grpc_metadata_and_status(server, grpc_channel):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc_channel)
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = "tiny"
+    response = stub.GetModelMetadata(request, timeout=30)
+    sig_map = get_model_metadata_pb2.SignatureDefMap()
+    assert response.metadata["signature_def"].Unpack(sig_map)
+    assert sig_map.signature_def["serve_ids"].inputs["input_ids"].dtype == tf.int32.as_datatype_enum
+    assert response.model_spec.version.value == 1
+
+    status = model_service_pb2_grpc.ModelServiceStub(grpc_channel).GetModelStatus(
+        get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "tiny"}), timeout=30)
+    assert [(s.version, s.state) for s in status.model_version_status] == [
+        (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+
+
+def _predict_request(signature="serving_default", **inputs):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "tiny"
+    request.model_spec.signature_name = signature
+    for k, v in inputs.items():
+        request.inputs[k].CopyFrom(tf.make_tensor_proto(v))
+    return request
+
+
+GRPC_BAD = [
+    ("wrong input name", _predict_request(text=[b"a"], txt_pair=[b"b"]), grpc.StatusCode.INVALID_ARGUMENT, "'txt_pair'"),
+    ("wrong dtype", _predict_request(text=[1], text_pair=[b"b"]), grpc.StatusCode.INVALID_ARGUMENT, "must be string"),
+    ("empty batch", _predict_request("single_text", text=np.array([], dtype=object)), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+    ("unknown signature", _predict_request("nope", text=[b"a"]), grpc.StatusCode.NOT_FOUND, '"nope" not found'),
+    ("unknown model", predict_pb2.PredictRequest(model_spec={"name": "nope"}), grpc.StatusCode.NOT_FOUND, "Latest(nope)"),
+]
+
+
+@pytest.mark.parametrize("name,request_,code,words", GRPC_BAD, ids=[b[0] for b in GRPC_BAD])
+def test_grpc_bad_requests(server, grpc_channel, name, request_, code, words):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc_channel)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.Predict(request_, timeout=30)
+    assert e.value.code() == code and words in e.value.details(), e.value.details()
+    good = _predict_request(text=[b"a"], text_pair=[b"b"])
+    assert stub.Predict(good, timeout=30).outputs["label"].string_val
+
+
+def test_grpc_bad_metadata_and_status(server, grpc_channel):
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(grpc_channel)
+    for fields, code in (([], grpc.StatusCode.INVALID_ARGUMENT), (["nope"], grpc.StatusCode.INVALID_ARGUMENT)):
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetModelMetadata(get_model_metadata_pb2.GetModelMetadataRequest(
+                model_spec={"name": "tiny"}, metadata_field=fields), timeout=30)
+        assert e.value.code() == code
+    with pytest.raises(grpc.RpcError) as e:
+        model_service_pb2_grpc.ModelServiceStub(grpc_channel).GetModelStatus(
+            get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "tiny", "version": {"value": 9}}), timeout=30)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "version 9" in e.value.details()
+
+
+# ----------------------------------------------------------------------------- versions
+
+
+def _wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, install_version, tmp_path):
+    base = str(tmp_path / "models" / "tiny")
+    install_version(model_templates, base, 1)
+    with ModelServer(base, poll_interval_seconds=0.3) as server:
+        client = RestClient("127.0.0.1", server.rest_port, "tiny")
+        before = client.predict({"text": ["x"], "text_pair": [""]})["probabilities"]
+
+        install_version(model_templates, base, 2)
+        assert _wait_for(lambda: client.metadata()["model_spec"]["version"] == "2")
+        after = client.predict({"text": ["x"], "text_pair": [""]})["probabilities"]
+        assert after[0, 1] > before[0, 1]  # version 2 has the larger bias
+        states = {s["version"]: s["state"] for s in client.status()["model_version_status"]}
+        assert states == {"2": "AVAILABLE", "1": "END"}  # latest policy: one version served
+
+        # A broken version 3 is logged and skipped; version 2 keeps serving.
+        os.makedirs(os.path.join(base, "3"))
+        with open(os.path.join(base, "3", "saved_model.pb"), "wb") as f:
+            f.write(b"not a SavedModel")
+        assert _wait_for(lambda: "3" in {s["version"] for s in client.status()["model_version_status"]})
+        status3 = client.status(3)["model_version_status"][0]
+        assert status3["state"] == "END" and status3["status"]["error_code"] != "OK"
+        assert client.metadata()["model_spec"]["version"] == "2"
+        assert client.predict({"text": ["x"], "text_pair": [""]})["probabilities"][0, 1] == after[0, 1]
+
+
+def test_model_config_round_trips_through_tf_serving_proto(tmp_path):
+    configs = [
+        model_config.ModelConfig("electra", "/models/electra"),
+        model_config.ModelConfig("electra_pinned", "/models/electra", "specific", (1, 2)),
+        model_config.ModelConfig("electra_all", "gs://bucket/electra", "all"),
+    ]
+    text = model_config.models_config_text(configs)
+    parsed = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
+    entries = parsed.model_config_list.config
+    assert [c.name for c in entries] == ["electra", "electra_pinned", "electra_all"]
+    assert all(c.model_platform == "tensorflow" for c in entries)
+    assert list(entries[1].model_version_policy.specific.versions) == [1, 2]
+    assert entries[2].model_version_policy.HasField("all")
+    assert model_config.parse_models_config(text) == configs
+    for bad, field in ((("a/b", "/m"), "name"), (("ok", "relative/path"), "base_path"),
+                       (("ok", "/m", "specific"), "versions"), (("ok", "/m", "newest"), "version_policy")):
+        with pytest.raises(model_config.ModelConfigError, match=field):
+            model_config.ModelConfig(*bad)
+    with pytest.raises(model_config.ModelConfigError, match="duplicate"):
+        model_config.models_config_text([configs[0], configs[0]])
+
+
+def test_server_follows_models_config_version_policy(model_templates, install_version, tmp_path):
+    base = str(tmp_path / "tiny")
+    install_version(model_templates, base, 1)
+    install_version(model_templates, base, 2)
+    config_path = tmp_path / "models.config"
+    model_config.write_models_config(str(config_path), [model_config.ModelConfig("tiny", base, "specific", (1,))])
+    with ModelServer(models=model_config.read_models_config(str(config_path)), grpc_port=None) as server:
+        client = RestClient("127.0.0.1", server.rest_port, "tiny")
+        assert client.metadata()["model_spec"]["version"] == "1"
+        assert [s["version"] for s in client.status()["model_version_status"]] == ["1"]
+
+
+# ----------------------------------------------------------------------------- binaries
+
+
+def _python_env():
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.mark.slow
+def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", "--rest_api_port=0",
+         "--port=0", "--file_system_poll_wait_seconds=1"],
+        cwd=REPO, env=_python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        ports, lines = {}, []
+        deadline = time.monotonic() + 90
+        while len(ports) < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            m = re.search(r"(REST|gRPC) API at (?:http://)?127\.0\.0\.1:(\d+)", line)
+            if m:
+                ports[m.group(1)] = int(m.group(2))
+        assert len(ports) == 2, "".join(lines)
+        client = RestClient("127.0.0.1", ports["REST"], "tiny")
+        assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+        out = subprocess.run(
+            [sys.executable, "-m", "tools.client", f"--server=127.0.0.1:{ports['gRPC']}", "--protocol=grpc",
+             "--model_name=tiny", "--text=a b c", "--text_pair=d", "--text=x", "--text_pair="],
+            cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=90,
+        )
+        assert out.returncode == 0, out.stderr
+        lines_out = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
+        assert [l["label"] for l in lines_out] == ["negative", "positive"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", ports["REST"]), timeout=2).close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
