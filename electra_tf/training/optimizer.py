@@ -173,7 +173,7 @@ class AdamWeightDecay(_ClipAfterAllReduce, keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        # The original's slot names: `<var>/adam_m`, `<var>/adam_v`.
+        # Named after the original's `<var>/adam_m` and `<var>/adam_v` slots.
         self._m, self._v = self.add_optimizer_variables(var_list, ["adam_m", "adam_v"])
         paths = [variable_path(v) for v in var_list]
         # Static per-variable facts, looked up by index in `update_step` (which, under
