@@ -1,0 +1,117 @@
+"""WordpieceTokenizer: BERT uncased normalisation, specials from the file, graph use, bad vocabs."""
+
+import hashlib
+
+import pytest
+import tensorflow as tf
+
+from electra_tf.data.tokenizer import VocabError, WordpieceTokenizer, load_vocab
+
+
+def test_specials_are_read_from_the_file(tokenizer, vocab_file):
+    lines = open(vocab_file, encoding="utf-8").read().splitlines()
+    assert tokenizer.cls_id == lines.index("[CLS]") == 13  # not BERT's 101
+    assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.sep_id, tokenizer.mask_id) == (
+        0, 5, 21, 34)
+    assert tokenizer.vocab == lines and tokenizer.vocab_size == len(lines)
+    assert tokenizer.vocab_hash() == hashlib.sha256(open(vocab_file, "rb").read()).hexdigest()
+
+
+def test_lower_casing_accent_stripping_and_punctuation(tokenizer):
+    plain = tokenizer.encode("the movie was great, but the end")
+    assert tokenizer.encode("ThÉ MÓVÏE wâs GREAT,but   thé ÉND") == plain
+    assert tokenizer.decode(plain) == "the movie was great , but the end"
+    assert tokenizer.unk_id not in plain
+
+
+def test_unknown_and_cjk_characters(tokenizer):
+    ids = tokenizer.encode("movie 中国 movie")
+    # CJK ideographs are split into single characters, each unknown to this vocab.
+    assert ids == [ids[0], tokenizer.unk_id, tokenizer.unk_id, ids[0]]
+
+
+def test_wordpieces_and_decode(tokenizer):
+    ids = tokenizer.encode("moviegoers")  # not a vocab word: split into ## pieces
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    assert len(pieces) > 1 and all(p.startswith("##") for p in pieces[1:])
+    assert tokenizer.decode(ids) == "moviegoers"
+    framed = [tokenizer.cls_id, *ids, tokenizer.sep_id, tokenizer.pad_id, tokenizer.pad_id]
+    assert tokenizer.decode(framed) == "[CLS] moviegoers [SEP]"
+    assert tokenizer.decode(framed, skip_special_tokens=True) == "moviegoers"
+    assert tokenizer.decode(framed, skip_padding=False).endswith("[PAD] [PAD]")
+
+
+def test_tokenize_words_and_offsets(tokenizer):
+    per_word = tokenizer.tokenize_words(["The", "film's", "", "Café"])
+    assert per_word[0] == tokenizer.encode("the")
+    assert per_word[1] == tokenizer.encode("film ' s") and len(per_word[1]) >= 3
+    assert per_word[2] == []
+    text = "Héllo, Café movie"
+    ids, starts, ends = tokenizer.tokenize_with_offsets(tf.constant([text]))
+    raw = text.encode("utf-8")
+    spans = [raw[s:e].decode("utf-8") for s, e in zip(starts[0].numpy(), ends[0].numpy())]
+    assert ids[0].numpy().tolist() == tokenizer.encode(text)
+    assert "".join(spans) == "Héllo,Cafémovie"  # offsets point into the original bytes
+
+
+def test_batched_ragged_output(tokenizer):
+    out = tokenizer.tokenize(tf.constant(["the movie", "", "great"]))
+    assert isinstance(out, tf.RaggedTensor) and out.dtype == tf.int64
+    assert out.to_list() == [tokenizer.encode("the movie"), [], tokenizer.encode("great")]
+
+
+def test_inside_tf_data_and_tf_function(tokenizer):
+    texts = ["The movie.", "A great FILM!", "bad"]
+    eager = [tokenizer.encode(t) for t in texts]
+    ds = tf.data.Dataset.from_tensor_slices(texts).batch(2).map(tokenizer.tokenize)
+    from_data = [row for batch in ds for row in batch.to_list()]
+    assert from_data == eager
+
+    fn = tf.function(tokenizer.tokenize, input_signature=[tf.TensorSpec([None], tf.string)])
+    assert fn(tf.constant(texts)).to_list() == eager
+
+
+def test_survives_saved_model_export(tokenizer, tmp_path):
+    module = tf.Module()
+    module.tokenizer = tokenizer
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    def tokenize(texts):
+        return tokenizer.tokenize(texts).to_tensor()
+
+    module.tokenize = tokenize
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    got = loaded.tokenize(tf.constant(["The Movie"])).numpy().tolist()
+    assert got == [tokenizer.encode("the movie")]
+
+
+def test_cased_mode_keeps_case(tmp_path):
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Movie", "movie", "é"]
+    path = tmp_path / "cased.txt"
+    path.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    cased = WordpieceTokenizer(str(path), lower_case=False)
+    assert cased.encode("Movie movie é") == [5, 6, 7]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "vocab file is empty"),
+    (b"\n\n", "vocab file is empty"),
+    (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\n", ":7: duplicate token 'the' (first on line 6)"),
+    (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe movie\n", ":6: token 'the movie' contains whitespace"),
+    (b"[PAD]\n[UNK]\n\n[CLS]\n[SEP]\n[MASK]\n", ":3: empty line"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ":3: NUL byte"),
+    (b"[PAD]\n[UNK]\n\xff\xfe\n", ":3: not UTF-8"),
+    (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n", "missing special token(s) [MASK]"),
+])
+def test_not_a_vocab_is_rejected_naming_file_and_line(tmp_path, content, message):
+    path = tmp_path / "bad_vocab.txt"
+    path.write_bytes(content)
+    with pytest.raises(VocabError) as err:
+        WordpieceTokenizer(str(path))
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_missing_vocab_file(tmp_path):
+    with pytest.raises(VocabError, match="not found"):
+        load_vocab(str(tmp_path / "nope.txt"))
