@@ -156,6 +156,10 @@ class Encoder(keras.layers.Layer):
             TransformerLayer(self.config, name=f"layer_{i}", dtype=self.dtype_policy)
             for i in range(self.config.num_layers)
         ]
+        # tf.train.Checkpoint does not follow Keras' tracked lists: name each layer as an
+        # attribute too, which also gives checkpoint keys like `encoder/layer_3/...`.
+        for layer in self.layers:
+            setattr(self, layer.name, layer)
 
     def build(self, input_shape=None):
         for layer in self.layers:
