@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import itertools
 import os
-import re
 import unicodedata
 
 import pytest
@@ -21,11 +20,32 @@ SPECIAL_POSITIONS = {"[PAD]": 0, "[UNK]": 5, "[CLS]": 13, "[SEP]": 21, "[MASK]":
 NUM_DOCS = 300
 
 
+def _is_punctuation(c: str) -> bool:
+    # BERT's rule: every non-alphanumeric printable ASCII character, plus Unicode category P*.
+    cp = ord(c)
+    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or \
+        unicodedata.category(c).startswith("P")
+
+
 def bert_words(text: str) -> list[str]:
-    """A plain-Python stand-in for BERT uncased basic tokenization (ASCII-ish text)."""
+    """A plain-Python stand-in for BERT uncased basic tokenization (no CJK handling)."""
     text = unicodedata.normalize("NFD", text.lower())
-    text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-    return re.findall(r"[^\W_]+|[^\w\s]|_", text)
+    words, current = [], ""
+    for c in text:
+        cat = unicodedata.category(c)
+        if cat == "Mn" or (cat.startswith("C") and not c.isspace()):
+            continue
+        if c.isspace() or _is_punctuation(c):
+            if current:
+                words.append(current)
+            current = ""
+            if not c.isspace():
+                words.append(c)
+        else:
+            current += c
+    if current:
+        words.append(current)
+    return words
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,351 @@
+"""Packing rules, round trip, determinism, resume after SIGKILL, and bad-input handling."""
+
+import gzip
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from electra_tf.data import pretraining_data as pd
+from electra_tf.data.pretraining_data import BuildConfig, ExampleBuilder, parse_example
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CLS, SEP = 101, 102
+
+
+class ScriptedRandom(random.Random):
+    """Returns scripted values so each packing branch can be forced; checks the call order."""
+
+    def __init__(self, values):
+        super().__init__(0)
+        self.values = list(values)
+
+    def random(self):
+        kind, value = self.values.pop(0)
+        assert kind == "random", f"expected a {kind} call, got random()"
+        return value
+
+    def randint(self, a, b):
+        kind, value = self.values.pop(0)
+        assert kind == "randint" and (a, b) == (5, 16)
+        return value
+
+
+def unpad(features):
+    ids, mask, seg = features
+    n = sum(mask)
+    assert mask == [1] * n + [0] * (len(mask) - n)
+    assert ids[n:] == [0] * (len(ids) - n) and seg[n:] == [0] * (len(ids) - n)
+    return ids[:n], seg[:n]
+
+
+def test_two_segments_and_second_segment_truncation():
+    rng = ScriptedRandom([("random", 0.5),   # not single-segment: first target (16-3)//2 = 6
+                          ("random", 0.7),   # 2nd sentence would overflow; 50% coin says no
+                          ("random", 0.9)])  # next target stays max_length
+    b = ExampleBuilder(16, CLS, SEP, rng)
+    assert b.add_sentence([1, 2, 3]) is None
+    assert b.add_sentence([4, 5, 6]) is None
+    assert b.add_sentence([7, 8, 9]) is None
+    assert b.add_sentence([10, 11, 12, 13, 14]) is None
+    ids, seg = unpad(b.add_sentence([15, 16]))  # 16 tokens >= target 16
+    # The original's quirk: the last sentence still fits A (3 + 2 < 6), so it joins A out of
+    # order; B is then cut to max(0, 16 - 5 - 3) = 8 tokens.
+    assert ids == [CLS, 1, 2, 3, 15, 16, SEP, 4, 5, 6, 7, 8, 9, 10, 11, SEP]
+    assert seg == [0] * 7 + [1] * 9
+    assert not rng.values
+
+
+def test_coin_flip_can_overfill_the_first_segment():
+    rng = ScriptedRandom([("random", 0.5), ("random", 0.3), ("random", 0.9)])
+    b = ExampleBuilder(16, CLS, SEP, rng)
+    b.add_sentence([1, 2, 3, 4])
+    b.add_sentence([5, 6, 7])  # 4 + 3 >= 6, but the coin (0.3 < 0.5) keeps it in A
+    ids, seg = unpad(b.add_sentence([8, 9, 10, 11, 12, 13, 14, 15, 16]))
+    assert ids == [CLS, 1, 2, 3, 4, 5, 6, 7, SEP, 8, 9, 10, 11, 12, 13, SEP]
+    assert seg == [0] * 9 + [1] * 7
+
+
+def test_single_segment_and_first_segment_truncation():
+    rng = ScriptedRandom([("random", 0.05), ("random", 0.9)])  # < 0.1: one segment
+    b = ExampleBuilder(16, CLS, SEP, rng)
+    b.add_sentence(list(range(1, 11)))
+    ids, seg = unpad(b.add_sentence(list(range(11, 21))))
+    assert ids == [CLS, *range(1, 15), SEP]  # A cut to 16 - 2; nothing left for B
+    assert seg == [0] * 16
+
+
+def test_short_random_target_and_document_end():
+    rng = ScriptedRandom([("random", 0.5), ("random", 0.01), ("randint", 7),  # next target 7
+                          ("random", 0.5), ("random", 0.9),
+                          ("random", 0.5), ("random", 0.9)])
+    b = ExampleBuilder(16, CLS, SEP, rng)
+    assert b.end_document() is None  # nothing pending: a blank line does nothing
+    ids, _ = unpad(b.add_sentence(list(range(1, 17))))
+    assert len(ids) == 16
+    assert b.add_sentence([1, 2, 3, 4]) is None  # 4 < 7
+    ids, seg = unpad(b.add_sentence([5, 6, 7]))  # 7 >= 7; first target (7-3)//2 = 2
+    assert ids == [CLS, 1, 2, 3, 4, SEP, 5, 6, 7, SEP] and seg == [0] * 6 + [1] * 4
+    assert b.add_sentence([8, 9]) is None
+    assert b.add_sentence([]) is None  # a line without WordPieces changes nothing
+    ids, seg = unpad(b.end_document())  # document end flushes a short example
+    assert ids == [CLS, 8, 9, SEP] and seg == [0] * 4
+    assert not rng.values
+
+
+def test_same_rng_seed_same_stream_as_global_random():
+    """The RNG call order matches the original, which used the global `random` module."""
+    sentences = [[i] * (i % 9 + 1) for i in range(1, 200)]
+    out = []
+    for rng in (random.Random(7), None):
+        if rng is None:
+            random.seed(7)
+            rng = random  # the module itself: the original's RNG
+        b = ExampleBuilder(32, CLS, SEP, rng)
+        out.append([e for s in sentences if (e := b.add_sentence(s)) is not None])
+    assert out[0] == out[1] and len(out[0]) > 10
+
+
+def build(tmp_path, inputs, vocab_file, name="out", **kw):
+    kw.setdefault("num_processes", 1)
+    kw.setdefault("max_seq_length", 64)
+    out = str(tmp_path / name)
+    return out, pd.build_pretraining_data(
+        BuildConfig(inputs=inputs, vocab_file=vocab_file, output_dir=out, **kw),
+        progress_every=0.0)
+
+
+def _split_into_sentences(words, sentences):
+    """Decomposes a word list into whole known sentences (DP); None if it cannot be done."""
+    best = {0: []}
+    for i in range(len(words)):
+        if i not in best:
+            continue
+        for j in range(i + 1, len(words) + 1):
+            if j not in best and tuple(words[i:j]) in sentences:
+                best[j] = best[i] + [tuple(words[i:j])]
+    return best.get(len(words))
+
+
+def test_round_trip_on_real_text(tmp_path, imdb_docs, vocab_file, tokenizer, helpers):
+    # Real documents of at most 120 WordPieces at max_seq_length 128: no example is ever
+    # truncated, so every sentence must come back whole, exactly once.
+    docs = []
+    for doc in imdb_docs[:60]:
+        kept, n = [], 0
+        for sentence in doc:
+            k = len(tokenizer.encode(sentence))
+            if n + k <= 120:
+                kept.append(sentence)
+                n += k
+        docs.append(kept)
+    path = helpers.write_corpus(tmp_path / "c.txt", docs)
+    out, manifest = build(tmp_path, [path], vocab_file, num_shards=1, max_seq_length=128)
+
+    examples = [parse_example(r) for r in helpers.read_records(helpers.shard_files(out)[0])]
+    assert manifest["num_examples"] == len(examples) >= 60
+    normalized = [tuple(helpers.bert_words(s)) for doc in docs for s in doc]
+    used, two_segments = [], 0
+    for ex in examples:
+        ids, seg = unpad((ex["input_ids"], ex["input_mask"], ex["segment_ids"]))
+        assert len(ex["input_ids"]) == 128
+        assert ids[0] == tokenizer.cls_id and ids[-1] == tokenizer.sep_id
+        assert tokenizer.cls_id not in ids[1:]
+        seps = [i for i, t in enumerate(ids) if t == tokenizer.sep_id]
+        assert len(seps) in (1, 2)
+        assert seg == [0] * (seps[0] + 1) + [1] * (len(ids) - seps[0] - 1)
+        two_segments += len(seps) == 2
+        for segment in (ids[1:seps[0]], ids[seps[0] + 1:-1]):
+            words = tokenizer.decode(segment).split()
+            parts = _split_into_sentences(words, set(normalized))
+            assert parts is not None, f"not whole sentences: {' '.join(words)}"
+            used += parts
+    assert sorted(used) == sorted(normalized)
+    assert 0 < two_segments < len(examples)
+    assert manifest["num_tokens"] == sum(sum(e["input_mask"]) for e in examples)
+
+
+@pytest.mark.slow
+def test_same_seed_same_bytes_with_one_and_two_processes(tmp_path, corpus_dir, vocab_file,
+                                                         helpers):
+    outs = []
+    for procs in (1, 2):
+        out, manifest = build(tmp_path, [corpus_dir], vocab_file, name=f"p{procs}",
+                              num_shards=5, num_processes=procs, seed=3)
+        outs.append((out, manifest))
+    (a, ma), (b, mb) = outs
+    files_a, files_b = helpers.shard_files(a), helpers.shard_files(b)
+    assert [os.path.basename(f) for f in files_a] == [os.path.basename(f) for f in files_b]
+    assert len(files_a) == 5
+    for fa, fb in zip(files_a, files_b):
+        assert open(fa, "rb").read() == open(fb, "rb").read()
+    assert ma["shards"] == mb["shards"] and ma["num_examples"] > 100
+    # A different seed packs differently.
+    c, _ = build(tmp_path, [corpus_dir], vocab_file, name="seed4", num_shards=5, seed=4)
+    assert open(helpers.shard_files(c)[0], "rb").read() != open(files_a[0], "rb").read()
+
+
+def _cli(out, corpus, vocab_file, procs=2):
+    return [sys.executable, "-m", "tools.build_pretraining_data", f"--input={corpus}",
+            f"--vocab_file={vocab_file}", f"--output_dir={out}", "--max_seq_length=64",
+            "--num_shards=24", f"--num_processes={procs}", "--seed=1", "--progress_every=0.2"]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb_docs, vocab_file,
+                                                        helpers):
+    from electra_tf.data import corpus
+
+    docs = list(__import__("itertools").islice(corpus.imdb_documents(), 4000))
+    text = helpers.write_corpus(tmp_path / "imdb4000.txt", docs)
+    ref, _ = build(tmp_path, [text], vocab_file, name="ref", num_shards=24, seed=1)
+    ref_bytes = {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(ref)}
+    assert len(ref_bytes) == 24
+
+    out = str(tmp_path / "killed")
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.Popen(_cli(out, text, vocab_file), cwd=REPO, env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    seen = {}  # final-named files observed while running -> size when first seen
+    deadline = time.time() + 240
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if os.path.isdir(out):
+                for name in os.listdir(out):
+                    if name.startswith("pretrain_data.tfrecord-") and name not in seen:
+                        seen[name] = os.path.getsize(os.path.join(out, name))
+            if seen:
+                os.killpg(proc.pid, signal.SIGKILL)  # the builder and its workers
+                break
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    finished = helpers.shard_files(out)
+    assert 1 <= len(finished) < 24, "the kill should land mid-run"
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    for name, size in seen.items():  # no final name was ever given to a partial file
+        assert size == len(ref_bytes[name])
+    for f in finished:
+        assert open(f, "rb").read() == ref_bytes[os.path.basename(f)]
+
+    rerun = subprocess.run(_cli(out, text, vocab_file), cwd=REPO, env=env,
+                           capture_output=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    assert f"Resuming: {len(finished)} of 24 shards already finished" in rerun.stderr.decode()
+    assert {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(out)} == ref_bytes
+    assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["num_examples"] == sum(len(helpers.read_records(f))
+                                           for f in helpers.shard_files(out))
+
+
+def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
+    out, manifest = built_shards
+    names = [os.path.basename(f) for f in helpers.shard_files(out)]
+    assert names == [f"pretrain_data.tfrecord-{i:05d}-of-00004" for i in range(4)]
+    on_disk = json.load(open(os.path.join(out, "manifest.json")))
+    assert on_disk == manifest
+    assert manifest["vocab_sha256"] == tokenizer.vocab_hash()
+    assert (manifest["max_seq_length"], manifest["seed"], manifest["num_shards"]) == (64, 0, 4)
+    assert [s["examples"] for s in manifest["shards"]] == [
+        len(helpers.read_records(os.path.join(out, n))) for n in names]
+    assert all(s["tokens"] > 0 for s in manifest["shards"])
+    assert len(manifest["inputs"]) == 2
+
+
+def test_gz_input_gives_the_same_shards(tmp_path, corpus_dir, vocab_file, built_shards, helpers):
+    gz_dir = tmp_path / "gz"
+    gz_dir.mkdir()
+    for name in sorted(os.listdir(corpus_dir)):
+        with open(os.path.join(corpus_dir, name), "rb") as src, \
+                gzip.open(gz_dir / (name + ".gz"), "wb") as dst:
+            dst.write(src.read())
+    out, _ = build(tmp_path, [str(gz_dir / "*.gz")], vocab_file, num_shards=4, seed=0)
+    ref, _ = built_shards
+    for a, b in zip(helpers.shard_files(out), helpers.shard_files(ref)):
+        assert open(a, "rb").read() == open(b, "rb").read()
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+
+def test_non_utf8_warns_with_file_and_line_or_fails(tmp_path, vocab_file, caplog, helpers):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"the movie was good.\nthe end \xff\xfe was bad.\n\nanother film.\n")
+    with caplog.at_level(logging.WARNING):
+        out, manifest = build(tmp_path, [str(path)], vocab_file, num_shards=1)
+    assert f"{path}:2: invalid UTF-8" in caplog.text
+    assert manifest["num_examples"] == 2
+    with pytest.raises(pd.BadInputError, match=f"{path}:2: invalid UTF-8"):
+        build(tmp_path, [str(path)], vocab_file, name="fail", num_shards=1, on_error="fail")
+    assert helpers.shard_files(tmp_path / "fail") == []  # nothing half-written under a final name
+
+
+def test_empty_file_and_empty_documents(tmp_path, vocab_file, caplog):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "empty.txt").write_bytes(b"")
+    (tmp_path / "in" / "blank.txt").write_bytes(b"\n\n  \n")
+    # Blank-only documents vanish; a document of control characters yields no WordPieces.
+    (tmp_path / "in" / "text.txt").write_bytes(
+        b"\n\n\nthe movie.\n\n\n\n\x01\x02\n\nthe end.\n\n")
+    with caplog.at_level(logging.WARNING):
+        _, manifest = build(tmp_path, [str(tmp_path / "in")], vocab_file, num_shards=1)
+    assert f"{tmp_path / 'in' / 'empty.txt'}: input file is empty" in caplog.text
+    assert f"{tmp_path / 'in' / 'blank.txt'}: input file has only blank lines" in caplog.text
+    assert "1 document(s) produced no WordPieces" in caplog.text
+    assert manifest["num_examples"] == 2 and manifest["shards"][0]["empty_documents"] == 1
+    (tmp_path / "only_empty").mkdir()
+    (tmp_path / "only_empty" / "e.txt").write_bytes(b"")
+    with pytest.raises(pd.BadInputError, match="no text in the inputs"):
+        build(tmp_path, [str(tmp_path / "only_empty")], vocab_file, name="o2")
+
+
+def test_very_long_line_is_truncated_with_warning(tmp_path, vocab_file, tokenizer, caplog):
+    path = tmp_path / "long.txt"
+    long_line = "the movie was great " * 5000  # 100 kB, one line
+    path.write_text("a short one.\n" + long_line + "\n", encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        out, manifest = build(tmp_path, [str(path)], vocab_file, num_shards=1,
+                              max_line_bytes=4096)
+    assert f"{path}:2: line of {len(long_line)} bytes truncated to max_line_bytes=4096" \
+        in caplog.text
+    # Exact: the kept 4 kB still has more than max_seq_length WordPieces.
+    ref, ref_manifest = build(tmp_path, [str(path)], vocab_file, name="ref", num_shards=1)
+    assert open(os.path.join(out, pd.shard_name(0, 1)), "rb").read() == \
+        open(os.path.join(ref, pd.shard_name(0, 1)), "rb").read()
+
+
+def test_not_a_vocab_fails_fast_naming_the_file(tmp_path, corpus_dir):
+    bad = tmp_path / "vocab.txt"
+    bad.write_bytes(b"\x1f\x8b\x08\x00 binary junk \x00\x00")
+    with pytest.raises(ValueError, match=f"{bad}:1: NUL byte"):
+        build(tmp_path, [corpus_dir], str(bad))
+    assert not os.path.exists(tmp_path / "out" / pd.BUILD_CONFIG)
+
+
+def test_missing_input_and_changed_config(tmp_path, vocab_file, corpus_dir, built_shards):
+    with pytest.raises(pd.BadInputError, match="nope/\\*.txt: no such file"):
+        build(tmp_path, [str(tmp_path / "nope" / "*.txt")], vocab_file)
+    out, _ = built_shards
+    with pytest.raises(pd.BadInputError, match="different build .*seed"):
+        pd.build_pretraining_data(BuildConfig(inputs=[corpus_dir], vocab_file=vocab_file,
+                                              output_dir=out, max_seq_length=64, num_shards=4,
+                                              num_processes=1, seed=99))
+
+
+def test_cli_flags(tmp_path, corpus_dir, vocab_file):
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.build_pretraining_data", f"--input={corpus_dir}",
+         f"--vocab_file={vocab_file}", f"--output_dir={tmp_path / 'o'}", "--on_error=explode"],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, timeout=120)
+    assert res.returncode != 0 and b"on_error" in res.stderr
