@@ -657,3 +657,38 @@ def build_pretraining_data(
                  manifest["num_examples"], manifest["num_tokens"], num_shards,
                  config.output_dir)
     return manifest
+
+
+def iter_text_lines(inputs: Sequence[str], max_lines: int = 0,
+                    log_every: int = 0) -> Iterator[str]:
+    """Non-blank lines of the inputs (or of the embedded IMDB corpus when `inputs` is empty).
+
+    Non-UTF-8 bytes are replaced with a warning naming file:line; used to learn vocabularies.
+    """
+    def lines():
+        if not inputs:
+            from electra_tf.data import corpus
+
+            for doc in corpus.imdb_documents():
+                yield from doc
+            return
+        for path in expand_inputs(inputs):
+            with _open(path) as f:
+                for line_no, raw in enumerate(f, start=1):
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        logging.warning("%s:%d: invalid UTF-8 (%s); replaced with U+FFFD",
+                                        path, line_no, e.reason)
+                        text = raw.decode("utf-8", errors="replace")
+                    text = text.strip()
+                    if text:
+                        yield text
+
+    start = time.time()
+    for n, line in enumerate(lines(), start=1):
+        yield line
+        if log_every and n % log_every == 0:
+            logging.info("read %d lines (%.0f lines/s)", n, n / (time.time() - start))
+        if max_lines and n >= max_lines:
+            return

@@ -115,3 +115,26 @@ def test_not_a_vocab_is_rejected_naming_file_and_line(tmp_path, content, message
 def test_missing_vocab_file(tmp_path):
     with pytest.raises(VocabError, match="not found"):
         load_vocab(str(tmp_path / "nope.txt"))
+
+
+def test_build_vocab_tool_learns_a_usable_vocab(tmp_path, imdb_docs, helpers):
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    corpus = helpers.write_corpus(tmp_path / "c.txt", imdb_docs[:40])
+    out = tmp_path / "learned.txt"
+    res = subprocess.run(
+        [sys.executable, "-m", "tools.build_vocab", f"--input={corpus}", "--vocab_size=400",
+         f"--output={out}", "--num_unused=2"],
+        cwd=repo, env=dict(os.environ, PYTHONPATH=repo), capture_output=True, timeout=300)
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    assert b"Wrote" in res.stderr
+    tok = WordpieceTokenizer(str(out))
+    assert tok.vocab[:7] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]",
+                             "[unused1]"]
+    assert 50 < tok.vocab_size <= 400
+    ids = tok.encode(imdb_docs[0][0])
+    assert tok.unk_id not in ids
+    assert tok.decode(ids) == " ".join(helpers.bert_words(imdb_docs[0][0]))
