@@ -1,0 +1,16 @@
+"""Checkpoint conversion: the authors' TF1 checkpoints, Hugging Face ELECTRA and our own format.
+
+    from electra_tf.convert import from_pretrained, save_electra_checkpoint
+    disc, config, vocab = from_pretrained("electra_small")   # TF1 archive, HF folder or ours
+
+Modules: `tf1` (name-based TF1 checkpoints), `hf` (safetensors / pytorch_model.bin +
+config.json), `pretrained` (format detection, our format, `convert`), `common` (the weight walk
+shared by all and `ConversionReport`).
+"""
+
+from electra_tf.convert.common import ConversionError, ConversionReport
+from electra_tf.convert.pretrained import (
+    convert, detect_format, from_pretrained, load_pretrained, save_electra_checkpoint)
+
+__all__ = ["ConversionError", "ConversionReport", "convert", "detect_format", "from_pretrained",
+           "load_pretrained", "save_electra_checkpoint"]

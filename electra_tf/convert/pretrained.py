@@ -1,0 +1,210 @@
+"""`from_pretrained`: one entry point for the three checkpoint formats, and our own format.
+
+Formats, detected automatically:
+  tf1         the authors' name-based checkpoints: a prefix (`model.ckpt-1000000`), its `.index`
+              file, or a released archive folder (`checkpoint` / `*.index` + `vocab.txt`).
+  hf          a Hugging Face folder: `config.json` + `model.safetensors` (or `pytorch_model.bin`);
+              for a pretrainer, a folder with `discriminator/` and `generator/` HF folders.
+  electra_tf  ours: `electra_tf_checkpoint.json` (marker), `config.json` (`ElectraConfig.to_json`),
+              a `tf.train.Checkpoint` with the objects `discriminator` and/or `generator`, and
+              optionally `vocab.txt`. Written by `save_electra_checkpoint`.
+
+Example:
+>>> disc, config, vocab = from_pretrained("electra_small")          # a released TF1 archive
+>>> save_electra_checkpoint(disc, config, "/tmp/small", vocab_file=vocab)
+>>> disc, config, vocab = from_pretrained("/tmp/small")             # ours, same weights
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import NamedTuple
+
+from electra_tf.config import ElectraConfig
+from electra_tf.convert import hf, tf1
+from electra_tf.convert.common import (
+    ConversionError, ConversionReport, check_vocab_size, model_kind)
+
+FORMATS = ("tf1", "hf", "electra_tf")
+KINDS = ("discriminator", "generator", "pretrainer")
+MARKER = "electra_tf_checkpoint.json"
+CHECKPOINT_NAME = "model"  # <folder>/model.index, model.data-*
+
+
+class Pretrained(NamedTuple):
+    model: object
+    config: ElectraConfig  # the config the model was built with (a generator's own for kind="generator")
+    vocab_path: str | None
+    report: ConversionReport
+    format: str
+
+
+# --- our own format ------------------------------------------------------------------------------
+def save_electra_checkpoint(model, config: ElectraConfig, folder, vocab_file=None) -> str:
+    """Writes `model` (Discriminator, Generator or ElectraPretrainer) in our format.
+
+    `config` is the config the model was built with (`model.config`). The checkpoint holds the
+    object `discriminator` for a Discriminator, `generator` for a Generator, both for a
+    pretrainer. Returns the checkpoint prefix.
+    """
+    import tensorflow as tf
+
+    kind = model_kind(model)
+    if kind == "pretrainer":
+        objects = {"discriminator": model.discriminator}
+        if model.generator is not None:
+            objects["generator"] = model.generator
+    else:
+        objects = {kind: model}
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = tf.train.Checkpoint(**objects).write(str(out / CHECKPOINT_NAME))
+    config.to_json(out / "config.json")
+    vocab = None
+    if vocab_file is not None:
+        vocab = "vocab.txt"
+        if Path(vocab_file).resolve() != (out / vocab).resolve():
+            shutil.copyfile(vocab_file, out / vocab)
+    disc = model.discriminator if kind == "pretrainer" else model
+    marker = {
+        "format": "electra_tf", "version": 1, "kind": kind, "objects": sorted(objects),
+        "checkpoint": CHECKPOINT_NAME, "config": "config.json", "vocab": vocab,
+        "rtd_head": getattr(disc, "rtd_head", None) is not None if kind != "generator" else None,
+    }
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return prefix
+
+
+def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
+    import tensorflow as tf
+
+    from electra_tf.models import Discriminator, ElectraPretrainer, Generator
+
+    marker = json.loads((folder / MARKER).read_text())
+    saved = marker["kind"]
+    saved_config = ElectraConfig.from_json(folder / marker.get("config", "config.json"))
+    if config is not None:
+        config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
+        check_vocab_size(config, saved_config.vocab_size, f"{folder / 'config.json'}")
+    else:
+        config = saved_config
+    if saved != "pretrainer" and kind != saved:
+        raise ConversionError(f"{folder} holds a {saved}, not a {kind}")
+    if kind == "pretrainer":
+        model = ElectraPretrainer(config)
+        objects = {"discriminator": model.discriminator}
+        if model.generator is not None:
+            objects["generator"] = model.generator
+    elif kind == "discriminator":
+        model = Discriminator(config, rtd_head=marker.get("rtd_head", True) is not False)
+        objects = {"discriminator": model}
+    else:
+        # Shared layers (embeddings, or every weight) are reachable through the saved
+        # generator's own edges in the object graph, so a standalone Generator restores them.
+        model = Generator(config if saved == "generator" else config.generator_config())
+        objects = {"generator": model}
+    prefix = str(folder / marker.get("checkpoint", CHECKPOINT_NAME))
+    status = tf.train.Checkpoint(**objects).read(prefix)
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise ConversionError(f"{prefix} does not match the {kind} built from its config: {e}") from None
+    status.expect_partial()
+    report = ConversionReport(source=f"electra_tf:{folder}", target=f"{kind} ({model.name})")
+    report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
+    restored = tuple(f"{k}/" for k in objects)
+    for name, _ in tf.train.list_variables(prefix):
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith(restored):
+            report.ignored.append((name, f"not part of the {kind}"))
+    vocab = folder / "vocab.txt"
+    return Pretrained(model, model.config, str(vocab) if vocab.exists() else None, report,
+                      "electra_tf")
+
+
+# --- detection and loading -----------------------------------------------------------------------
+def detect_format(path) -> str:
+    """'tf1', 'hf' or 'electra_tf'; raises ConversionError listing what was looked for."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / MARKER).exists():
+            return "electra_tf"
+        if (p / "config.json").exists() and any((p / f).exists() for f in hf.WEIGHT_FILES):
+            return "hf"
+        if all((p / sub / "config.json").exists() for sub in ("discriminator", "generator")):
+            return "hf"
+        if (p / "checkpoint").exists() or any(p.glob("*.index")):
+            return "tf1"
+    elif Path(str(p) + ".index").exists() or p.name.endswith(".index") or ".data-" in p.name:
+        return "tf1"
+    raise ConversionError(
+        f"no checkpoint found at {path}. Looked for: {MARKER} (electra_tf); config.json with "
+        f"{' / '.join(hf.WEIGHT_FILES)}, or discriminator/ + generator/ HF folders (hf); a "
+        "'checkpoint' file, '*.index' files or '<path>.index' (tf1)")
+
+
+def load_pretrained(path, kind: str = "discriminator", config=None, *, input_format: str = "auto",
+                    **load_kwargs) -> Pretrained:
+    """Like `from_pretrained`, also returning the conversion report and the detected format.
+
+    `load_kwargs` (allow_unknown, allow_missing; tf1 also ignore_task_specific) go to the loader.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    fmt = detect_format(path) if input_format == "auto" else input_format
+    if fmt == "tf1":
+        model, cfg, report, vocab = tf1.load_tf1_model(path, kind, config, **load_kwargs)
+    elif fmt == "hf":
+        model, cfg, report, vocab = hf.load_hf_model(path, kind, config, **load_kwargs)
+    elif fmt == "electra_tf":
+        if not (Path(path) / MARKER).exists():
+            raise ConversionError(f"{path}: no {MARKER}; not an electra_tf checkpoint folder")
+        return _load_electra_tf(Path(path), kind, config)
+    else:
+        raise ValueError(f"input_format must be 'auto' or one of {FORMATS}, got {fmt!r}")
+    return Pretrained(model, cfg, vocab, report, fmt)
+
+
+def from_pretrained(path, kind: str = "discriminator", config=None):
+    """Loads a Discriminator, Generator or ElectraPretrainer from any supported checkpoint.
+
+    Args:
+      path: a TF1 checkpoint prefix or archive folder, a Hugging Face folder, or a folder written
+        by `save_electra_checkpoint`.
+      kind: "discriminator", "generator" or "pretrainer".
+      config: optional `ElectraConfig`, config name or path: the pretraining (discriminator)
+        config; inferred from the checkpoint when None.
+
+    Returns (model, config, vocab_path): `config` is the one the model was built with (for
+    kind="generator", the generator's own); `vocab_path` is the checkpoint's vocab.txt or None.
+    """
+    loaded = load_pretrained(path, kind, config)
+    return loaded.model, loaded.config, loaded.vocab_path
+
+
+# --- writing and converting ----------------------------------------------------------------------
+def save(model, output, output_format: str, *, vocab_file=None,
+         config: ElectraConfig | None = None) -> ConversionReport:
+    """Writes `model` in `output_format` ('tf1', 'hf' or 'electra_tf') to folder `output`."""
+    if output_format == "tf1":
+        return tf1.export_tf1(model, output, vocab_file=vocab_file)[1]
+    if output_format == "hf":
+        return hf.export_hf(model, output, vocab_file=vocab_file)
+    if output_format == "electra_tf":
+        save_electra_checkpoint(model, config or model.config, output, vocab_file=vocab_file)
+        report = ConversionReport(source=f"{model_kind(model)} ({model.name})",
+                                  target=f"electra_tf:{output}")
+        report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
+        return report
+    raise ValueError(f"output_format must be one of {FORMATS}, got {output_format!r}")
+
+
+def convert(input_path, output_path, *, input_format: str = "auto",
+            output_format: str = "electra_tf", kind: str = "discriminator", config=None,
+            **load_kwargs) -> tuple[ConversionReport, ConversionReport]:
+    """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports."""
+    loaded = load_pretrained(input_path, kind, config, input_format=input_format, **load_kwargs)
+    export_report = save(loaded.model, output_path, output_format, vocab_file=loaded.vocab_path,
+                         config=loaded.config)
+    return loaded.report, export_report

@@ -1,0 +1,48 @@
+"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face and electra_tf.
+
+  electra-convert --input=electra_small --output=/tmp/small_hf --output_format=hf \
+      [--input_format=auto] [--kind=discriminator] [--config=electra_small] [--allow_unknown]
+
+--input is a TF1 checkpoint prefix or released archive folder, a Hugging Face folder
+(config.json + model.safetensors / pytorch_model.bin), or a folder written by electra_tf.
+Prints the mapping report (mapped, ignored, missing) of the import and of the export.
+See electra_tf/convert/ for the formats.
+"""
+
+from absl import app, flags
+
+from electra_tf.convert import pretrained
+from electra_tf.convert.common import ConversionError
+
+_INPUT = flags.DEFINE_string("input", None, "Checkpoint to read (prefix or folder).", required=True)
+_INPUT_FORMAT = flags.DEFINE_enum("input_format", "auto", ["auto", *pretrained.FORMATS],
+                                  "Format of --input; auto detects it.")
+_OUTPUT = flags.DEFINE_string("output", None, "Folder to write.", required=True)
+_OUTPUT_FORMAT = flags.DEFINE_enum("output_format", "electra_tf", list(pretrained.FORMATS),
+                                   "Format to write.")
+_CONFIG = flags.DEFINE_string("config", None, "Pretraining config name or path (default: from "
+                              "the checkpoint).")
+_KIND = flags.DEFINE_enum("kind", "discriminator", list(pretrained.KINDS), "What to convert.")
+_ALLOW_UNKNOWN = flags.DEFINE_bool("allow_unknown", False,
+                                   "Skip checkpoint tensors nothing accounts for instead of failing.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        imported, exported = pretrained.convert(
+            _INPUT.value, _OUTPUT.value, input_format=_INPUT_FORMAT.value,
+            output_format=_OUTPUT_FORMAT.value, kind=_KIND.value, config=_CONFIG.value,
+            allow_unknown=_ALLOW_UNKNOWN.value)
+    except ConversionError as e:
+        raise SystemExit(f"error: {e}")
+    print(f"== import ==\n{imported}\n\n== export ==\n{exported}")
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
