@@ -74,18 +74,23 @@ def _check_first_record(path: str, seq_length: int, skip_corrupt: bool) -> None:
 
 
 def _checked_records(path, size, skip_corrupt: bool) -> tf.data.Dataset:
-    """Records of one file; at its end, bytes read are compared with its size (see module doc)."""
-    records = tf.data.TFRecordDataset(path).ignore_errors(log_warning=False)
-    records = records.map(lambda r: (r, False))
-    records = records.concatenate(tf.data.Dataset.from_tensors((tf.constant(b""), True)))
+    """Records of one file; at its end, bytes read are compared with its size (see module doc).
 
-    def count(total, element):
-        record, is_end = element
-        size_with_framing = tf.cast(tf.strings.length(record), tf.int64) + _RECORD_OVERHEAD
-        total = tf.where(is_end, total, total + size_with_framing)
-        return total, (record, is_end, total)
+    The bookkeeping runs on blocks of records, not per record: per-record scan/filter steps cost
+    ~10x the reader's throughput.
+    """
+    blocks = tf.data.TFRecordDataset(path).ignore_errors(log_warning=False).batch(256)
+    blocks = blocks.map(lambda b: (b, False))
+    end_marker = (tf.constant([], tf.string), True)
+    blocks = blocks.concatenate(tf.data.Dataset.from_tensors(end_marker))
 
-    def check(record, is_end, total):
+    def count(total, block):
+        records, is_end = block
+        sizes = tf.cast(tf.strings.length(records), tf.int64) + _RECORD_OVERHEAD
+        total += tf.reduce_sum(sizes)
+        return total, (records, is_end, total)
+
+    def check(records, is_end, total):
         ok = tf.logical_or(tf.logical_not(is_end), tf.equal(total, size))
         message = tf.strings.join([
             "corrupt or truncated TFRecord shard ", path, ": read ",
@@ -97,12 +102,12 @@ def _checked_records(path, size, skip_corrupt: bool) -> tf.data.Dataset:
                          output_stream=sys.stderr)
                 return tf.constant(True)
             tf.cond(ok, lambda: tf.constant(True), warn)
-        else:
-            tf.debugging.Assert(ok, [message])
-        return tf.logical_not(is_end)
+            return records
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message])]):
+            return tf.identity(records)
 
-    records = records.scan(tf.constant(0, tf.int64), count)
-    return records.filter(check).map(lambda record, is_end, total: record)
+    blocks = blocks.scan(tf.constant(0, tf.int64), count).map(check)
+    return blocks.unbatch()
 
 
 def pretraining_dataset(

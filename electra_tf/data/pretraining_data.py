@@ -414,8 +414,10 @@ def build_shard(shard: int) -> dict:
         config.max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
         random.Random(shard_seed(config.seed, shard)),
     )
+    # tokens: non-padding ids written ([CLS]/[SEP] included); wordpieces: ids tokenized.
     stats = dict(shard=shard, file=os.path.basename(final), examples=0, tokens=0,
-                 documents=0, lines=0, input_bytes=0, empty_documents=0)
+                 documents=0, lines=0, input_bytes=0, empty_documents=0,
+                 wordpieces=0)
     units = range(shard, len(index), num_shards)
     cache: dict = {}
     serialize = ExampleSerializer()
@@ -465,9 +467,11 @@ def build_shard(shard: int) -> dict:
                 pending_bytes += nbytes
                 if len(texts) >= TOKENIZE_BATCH_LINES:
                     n_tok = tokenize_and_pack(events, texts, writer)
+                    stats["wordpieces"] += n_tok
                     _report(queue, pending_bytes, n_tok)
                     events, texts, pending_bytes = [], [], 0
             n_tok = tokenize_and_pack(events, texts, writer)
+            stats["wordpieces"] += n_tok
             _report(queue, pending_bytes, n_tok)
         # Documents that were only blank (Unicode-blank) lines are not counted as documents.
         if stats["empty_documents"]:
@@ -650,6 +654,7 @@ def build_pretraining_data(
         shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
         num_examples=sum(s["examples"] for s in shards),
         num_tokens=sum(s["tokens"] for s in shards),
+        num_wordpieces=sum(s["wordpieces"] for s in shards),
         shards=shards,
     )
     _write_json_atomic(os.path.join(config.output_dir, MANIFEST), manifest)
