@@ -71,16 +71,14 @@ def test_inside_tf_data_and_tf_function(tokenizer):
     assert fn(tf.constant(texts)).to_list() == eager
 
 
-def test_survives_saved_model_export(tokenizer, tmp_path):
-    module = tf.Module()
-    module.tokenizer = tokenizer
+def test_survives_keras_export_archive(tokenizer, tmp_path):
+    import keras
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-    def tokenize(texts):
-        return tokenizer.tokenize(texts).to_tensor()
-
-    module.tokenize = tokenize
-    tf.saved_model.save(module, str(tmp_path / "sm"))
+    archive = keras.export.ExportArchive()
+    archive.track(tokenizer)  # a tf.Module: its tf-text model buffers are saved with it
+    archive.add_endpoint("tokenize", lambda texts: tokenizer.tokenize(texts).to_tensor(),
+                         input_signature=[tf.TensorSpec([None], tf.string)])
+    archive.write_out(str(tmp_path / "sm"))
     loaded = tf.saved_model.load(str(tmp_path / "sm"))
     got = loaded.tokenize(tf.constant(["The Movie"])).numpy().tolist()
     assert got == [tokenizer.encode("the movie")]
