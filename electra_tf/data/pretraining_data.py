@@ -1,4 +1,4 @@
-"""Pretraining data: pack WordPiece ids into [CLS] A [SEP] B [SEP] examples and write TFRecord shards.
+"""Pretraining data: pack WordPiece ids into [CLS] A [SEP] B [SEP] examples, write TFRecord shards.
 
 Two parts:
 

@@ -243,7 +243,8 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb_docs, voca
                            capture_output=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
     assert f"Resuming: {len(finished)} of 24 shards already finished" in rerun.stderr.decode()
-    assert {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(out)} == ref_bytes
+    resumed = {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(out)}
+    assert resumed == ref_bytes
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     manifest = json.load(open(os.path.join(out, "manifest.json")))
     assert manifest["num_examples"] == sum(len(helpers.read_records(f))

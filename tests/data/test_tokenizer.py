@@ -92,11 +92,14 @@ def test_cased_mode_keeps_case(tmp_path):
     assert cased.encode("Movie movie é") == [5, 6, 7]
 
 
+SPECIALS = b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
+
+
 @pytest.mark.parametrize("content, message", [
     (b"", "vocab file is empty"),
     (b"\n\n", "vocab file is empty"),
-    (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe\nthe\n", ":7: duplicate token 'the' (first on line 6)"),
-    (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nthe movie\n", ":6: token 'the movie' contains whitespace"),
+    (SPECIALS + b"the\nthe\n", ":7: duplicate token 'the' (first on line 6)"),
+    (SPECIALS + b"the movie\n", ":6: token 'the movie' contains whitespace"),
     (b"[PAD]\n[UNK]\n\n[CLS]\n[SEP]\n[MASK]\n", ":3: empty line"),
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ":3: NUL byte"),
     (b"[PAD]\n[UNK]\n\xff\xfe\n", ":3: not UTF-8"),
