@@ -160,8 +160,12 @@ class ElectraConfig:
             heads, ffn = max(1, hidden // 64), 4 * hidden
         if hidden % heads:
             heads = 1
+        # An untied generator has its own embedding table as wide as its hidden size (the
+        # original passes embedding_size=None for untied generator embeddings): no projection.
+        embedding_size = hidden if self.embedding_sharing == "untied" else self.embedding_size
         return dataclasses.replace(
             self,
+            embedding_size=embedding_size,
             hidden_size=hidden,
             num_heads=heads,
             intermediate_size=ffn,
