@@ -175,6 +175,19 @@ class ElectraConfig:
             embedding_sharing="embeddings" if self.embedding_sharing == "all" else self.embedding_sharing,
         )
 
+    def with_vocab(self, vocab_file: str | os.PathLike) -> "ElectraConfig":
+        """Takes vocab_size and the special-token ids from a vocab file (not from constants).
+
+        A learned vocab puts [CLS] at 2, the BERT uncased one at 101: masking must know which.
+        """
+        from electra_tf.data.tokenizer import load_vocab  # imports TensorFlow: keep it local
+
+        vocab = load_vocab(str(vocab_file))
+        index = {token: i for i, token in enumerate(vocab)}
+        return self.replace(
+            vocab_size=len(vocab), pad_token_id=index["[PAD]"], cls_token_id=index["[CLS]"],
+            sep_token_id=index["[SEP]"], mask_token_id=index["[MASK]"])
+
     def num_masked_slots(self, seq_length: int) -> int:
         """N, masked positions per sequence: int((mask_prob + 0.005) * seq_length) as the original."""
         if self.max_predictions_per_seq is not None:

@@ -92,3 +92,11 @@ def test_json_round_trip_and_overrides(tmp_path):
     assert (d.num_layers, d.objective, d.disallow_correct) == (2, "mlm", True)
     with pytest.raises(ConfigError, match="key=value"):
         c.with_overrides(["num_layers"])
+
+
+def test_special_ids_and_vocab_size_come_from_the_vocab_file(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]) + "\n")
+    c = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
+    assert (c.vocab_size, c.pad_token_id, c.cls_token_id, c.sep_token_id, c.mask_token_id) == (
+        7, 0, 2, 3, 4)
