@@ -1,15 +1,19 @@
 """BERT WordPiece tokenization on tensorflow-text, usable in Python, tf.data and exported graphs.
 
-The normalisation is BERT uncased's (`model/tokenization.py` of the original code): NFD, drop
-combining marks (Unicode category Mn), lower-case, control characters to spaces, then split on
-whitespace, punctuation and around CJK ideographs, then greedy longest-match-first WordPiece with
-`##` continuation pieces and `[UNK]` for words that cannot be covered (or are over 100 bytes).
-All of it runs in one fused tf-text op (`FastBertTokenizer`), so there is no per-token Python.
+The normalisation is BERT uncased's (`model/tokenization.py` of the original code), done with TF
+string ops so it runs in graphs: delete U+FFFD and every category-C character (control, format,
+private use; tab/newline/CR are whitespace instead); with `lower_case`, lower-case, NFD and drop
+combining marks (Mn). Then tf-text's fused `FastBertTokenizer` splits on whitespace, punctuation
+and around CJK ideographs and applies greedy longest-match-first WordPiece with `##` pieces and
+`[UNK]` for words it cannot cover or that are over 100 bytes. No per-token Python.
 
-Known differences from the original Python tokenizer, all on text BERT never saw in practice:
-tf-text lower-cases by Unicode case folding (e.g. "ß" stays "ß" after NFD but "ẞ" folds to "ss"
-vs. "ß" in Python's `lower()`), and it turns U+0000 / U+FFFD into spaces where the original
-deletes them.
+tf-text's own BERT normaliser is not used: it applies NFKC case folding, so "…" becomes "...",
+"²" becomes "2" and "´" disappears, and it turns control characters into spaces where the
+original deletes them; ids would then differ from the released checkpoints' tokenizer. Remaining
+known differences from Python's `str.lower()`: Greek final sigma is not context-sensitive.
+
+`tokenize_with_offsets` normalises per character (slower, for fine-tuning features) so it can map
+offsets back to the original bytes; it gives the same ids as `tokenize`.
 
 The special ids (`cls_id`, `sep_id`, ...) are read from the vocab file, never assumed to sit at
 BERT's 0/100/101/102/103.
@@ -28,6 +32,9 @@ import tensorflow_text as tf_text
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # BERT's basic tokenizer leaves words longer than this as one [UNK].
 MAX_BYTES_PER_WORD = 100
+# Characters the original `_clean_text` deletes: U+FFFD and every category C* character
+# (control, format, private use, unassigned) except tab, newline and carriage return.
+_DELETED_CHARS = r"[^\P{C}\t\n\r]|\x{FFFD}"
 
 
 class VocabError(ValueError):
@@ -119,14 +126,23 @@ class WordpieceTokenizer(tf.Module):
             unknown_token="[UNK]",
             no_pretokenization=False,
             support_detokenization=False,
-            lower_case_nfd_strip_accents=lower_case,
+            lower_case_nfd_strip_accents=False,  # see the module docstring: we normalise
         )
 
     # ---- graph-friendly API -------------------------------------------------------------------
 
+    def normalize(self, texts):
+        """BERT's text cleanup (+ lower-case, NFD, strip accents): elementwise on tf.string."""
+        texts = tf.strings.regex_replace(texts, _DELETED_CHARS, "")
+        if self.lower_case:
+            texts = tf.strings.lower(texts, encoding="utf-8")
+            texts = tf_text.normalize_utf8(texts, "NFD")
+            texts = tf.strings.regex_replace(texts, r"\p{Mn}", "")
+        return texts
+
     def tokenize(self, texts) -> tf.RaggedTensor:
         """tf.string [batch] -> int64 RaggedTensor [batch, (tokens)] of WordPiece ids."""
-        return self.tf_tokenizer.tokenize(texts)
+        return self.tf_tokenizer.tokenize(self.normalize(texts))
 
     def tokenize_with_offsets(self, texts):
         """Returns (ids, starts, ends), each a RaggedTensor [batch, (tokens)] of int64.
@@ -134,7 +150,28 @@ class WordpieceTokenizer(tf.Module):
         `starts`/`ends` are byte offsets into the original (un-normalised) UTF-8 strings:
         `texts[b][starts[b, i]:ends[b, i]]` is the source text of token i.
         """
-        return self.tf_tokenizer.tokenize_with_offsets(texts)
+        texts = tf.convert_to_tensor(texts, tf.string)
+        chars, char_starts = tf.strings.unicode_split_with_offsets(texts, "UTF-8")
+        char_starts = tf.cast(char_starts, tf.int64)  # [batch, (chars)]
+        char_ends = char_starts + tf.cast(tf.strings.length(chars), tf.int64)
+        normalized = tf.ragged.map_flat_values(self.normalize, chars)
+        cleaned = tf.strings.reduce_join(normalized, axis=-1)  # [batch]
+        ids, starts, ends = self.tf_tokenizer.tokenize_with_offsets(cleaned)
+        # Byte offset in `cleaned` -> index of the source character that produced that byte.
+        norm_ends = tf.math.cumsum(tf.cast(tf.strings.length(normalized), tf.int64), axis=-1)
+        big = tf.constant(2**62, tf.int64)
+        norm_ends = norm_ends.to_tensor(default_value=big)  # [batch, max_chars]
+
+        def to_source(byte_offsets, source):  # [batch, (tokens)] -> [batch, (tokens)]
+            padded = byte_offsets.to_tensor()
+            idx = tf.searchsorted(norm_ends, padded, side="right", out_type=tf.int64)
+            idx = tf.minimum(idx, tf.maximum(tf.shape(norm_ends, out_type=tf.int64)[1] - 1, 0))
+            got = tf.gather(source.to_tensor(), idx, batch_dims=1)
+            return tf.RaggedTensor.from_tensor(got, lengths=byte_offsets.row_lengths())
+
+        src_starts = to_source(starts, char_starts)
+        src_ends = to_source(ends - 1, char_ends)
+        return ids, src_starts, src_ends
 
     # ---- Python conveniences ------------------------------------------------------------------
 

@@ -139,3 +139,15 @@ def test_build_vocab_tool_learns_a_usable_vocab(tmp_path, imdb_docs, helpers):
     ids = tok.encode(imdb_docs[0][0])
     assert tok.unk_id not in ids
     assert tok.decode(ids) == " ".join(helpers.bert_words(imdb_docs[0][0]))
+
+
+def test_normalisation_matches_the_original_not_nfkc(tokenizer):
+    def norm(text):
+        return tokenizer.normalize(tf.constant([text])).numpy()[0].decode("utf-8")
+
+    # Category C characters are deleted (joining their neighbours), as the original does;
+    # tab/newline/CR stay whitespace. U+0097 is a C1 control that IMDB really contains.
+    assert norm("the\x97movie\u00ad\uf0b7\ufffd\x00 a\tb\nc\rd") == "themovie a\tb\nc\rd"
+    assert tokenizer.encode("the\x97movie") == tokenizer.encode("themovie")
+    # NFD only: no compatibility folding ("…" and "²" survive, unlike tf-text's NFKC path).
+    assert norm("Wait… x² CAFÉ Ÿ") == "wait… x² cafe y"
