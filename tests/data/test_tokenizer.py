@@ -46,12 +46,16 @@ def test_tokenize_words_and_offsets(tokenizer):
     assert per_word[0] == tokenizer.encode("the")
     assert per_word[1] == tokenizer.encode("film ' s") and len(per_word[1]) >= 3
     assert per_word[2] == []
-    text = "Héllo, Café movie"
-    ids, starts, ends = tokenizer.tokenize_with_offsets(tf.constant([text]))
-    raw = text.encode("utf-8")
-    spans = [raw[s:e].decode("utf-8") for s, e in zip(starts[0].numpy(), ends[0].numpy())]
-    assert ids[0].numpy().tolist() == tokenizer.encode(text)
-    assert "".join(spans) == "Héllo,Cafémovie"  # offsets point into the original bytes
+    texts = ["Héllo, Café movie", "", "ÉMÖ\u00adVIE\x97, the"]
+    ids, starts, ends = tokenizer.tokenize_with_offsets(tf.constant(texts))
+    for b, text in enumerate(texts):
+        raw = text.encode("utf-8")
+        spans = [raw[s:e].decode("utf-8") for s, e in zip(starts[b].numpy(), ends[b].numpy())]
+        assert ids[b].numpy().tolist() == tokenizer.encode(text)
+        # Offsets point into the original bytes (deleted characters between pieces are in no
+        # span, so the spans rebuild the text minus whitespace and those characters).
+        assert "".join(spans) == "".join(text.split()).replace("\x97", "").replace("\xad", "")
+    assert starts[2][0] == 0 and ends[2][-1] == len(texts[2].encode("utf-8"))
 
 
 def test_batched_ragged_output(tokenizer):
