@@ -356,11 +356,9 @@ def test_cli_flags(tmp_path, corpus_dir, vocab_file):
 # ---- the embedded corpus --------------------------------------------------------------------
 
 
-def test_embedded_corpus_counts_and_format(tmp_path, imdb_docs):
+def test_embedded_corpus_counts_and_split(imdb_docs):
     from electra_tf.data import corpus
 
-    assert sum(1 for _ in corpus.imdb_documents()) == corpus.NUM_IMDB == 25_000
-    assert all("<br" not in s for doc in imdb_docs for s in doc)
     assert imdb_docs[0][0].startswith("I rented I AM CURIOUS-YELLOW") and len(imdb_docs[0]) > 5
     rt = corpus.rotten_tomatoes()
     assert len(rt) == 8530 and {label for _, label in rt} == {0, 1}
@@ -385,8 +383,10 @@ def test_write_imdb_corpus_uses_the_original_format(tmp_path, imdb_docs):
     from electra_tf.data import corpus
 
     path = tmp_path / "imdb.txt"
-    assert corpus.write_imdb_corpus(path) == 25_000
-    blocks = path.read_text(encoding="utf-8").rstrip("\n").split("\n\n")
+    assert corpus.write_imdb_corpus(path) == corpus.NUM_IMDB == 25_000
+    text = path.read_text(encoding="utf-8")
+    assert "<br" not in text
+    blocks = text.rstrip("\n").split("\n\n")
     assert len(blocks) == 25_000
     assert [b.split("\n") for b in blocks[:300]] == imdb_docs
 

@@ -122,6 +122,7 @@ def test_missing_vocab_file(tmp_path):
         load_vocab(str(tmp_path / "nope.txt"))
 
 
+@pytest.mark.slow  # ~10 s alone, more on a busy machine: tf-text's learner is slow
 def test_build_vocab_tool_learns_a_usable_vocab(tmp_path, imdb_docs, helpers):
     import os
     import subprocess
