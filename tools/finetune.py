@@ -1,0 +1,111 @@
+"""Fine-tunes ELECTRA on a GLUE / SQuAD / Rotten Tomatoes task or on local files.
+
+  # From our pretraining output (its vocab.txt is used):
+  electra-finetune --task=rotten_tomatoes --init_checkpoint=<pretrain model_dir>/discriminator \
+      --model_dir=/tmp/ft_rt --num_seeds=5
+  # Random initialisation (the baseline), with a vocabulary:
+  electra-finetune --task=rotten_tomatoes --config=electra_small --vocab_file=vocab.txt \
+      --model_dir=/tmp/ft_rt_random
+  # GLUE / SQuAD from a prepared TFDS data_dir, or local files:
+  electra-finetune --task=mrpc --tfds_data_dir=~/tensorflow_datasets --init_checkpoint=...
+  electra-finetune --task=classification --train_file=train.csv --eval_file=dev.csv \
+      --text_column=review --label_column=stars --init_checkpoint=...
+
+Hyperparameter flags left unset take the original's defaults for the model size and task
+(`electra_tf.finetune.config.FinetuningConfig.for_model_size`). Writes `--model_dir/seed_<s>/`
+per seed and `--model_dir/results.json` with the median and spread over seeds; the layout is in
+`electra_tf/finetune/trainer.py`.
+"""
+
+from absl import app, flags, logging
+
+_TASK = flags.DEFINE_string(
+    "task", None, "cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, squad1.1, squad2.0, "
+    "rotten_tomatoes, or a generic classification / regression / tagging / qa (local files).",
+    required=True)
+_TRAIN_FILE = flags.DEFINE_string("train_file", None, "Local training file (.csv/.tsv/.jsonl, "
+                                  ".txt/.conll for tagging, SQuAD .json for QA).")
+_EVAL_FILE = flags.DEFINE_string("eval_file", None, "Local evaluation file (same formats).")
+_TEXT_COLUMN = flags.DEFINE_string("text_column", None, "Column / key of the (first) text.")
+_TEXT_PAIR_COLUMN = flags.DEFINE_string("text_pair_column", None, "Column / key of the second text.")
+_LABEL_COLUMN = flags.DEFINE_string("label_column", None, "Column / key of the label.")
+_LABELS = flags.DEFINE_list("labels", None, "Label set, in id order (default: the task's, or "
+                            "inferred from --train_file).")
+_NO_HEADER = flags.DEFINE_bool("no_header", False, "CSV/TSV files have no header row: the "
+                               "column flags are 0-based indices.")
+_VERSION_2 = flags.DEFINE_bool("version_2", False, "Generic qa task: SQuAD 2.0 (unanswerable "
+                               "questions, answerability classifier scored).")
+_TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "Prepared TFDS data_dir (no download).")
+_INIT_CHECKPOINT = flags.DEFINE_string(
+    "init_checkpoint", None, "Pretrained discriminator: <pretrain model_dir>/discriminator, a TF1 "
+    "release or a Hugging Face folder. Without it, --config gives a random initialisation.")
+_CONFIG = flags.DEFINE_string("config", None, "Model config name or path (random init only).")
+_VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: the checkpoint's).")
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Output folder.", required=True)
+_STRATEGY = flags.DEFINE_enum("strategy", "one_device",
+                              ["one_device", "mirrored", "multi_worker", "tpu"], "Distribution.")
+_TPU = flags.DEFINE_string("tpu", None, "TPU name or address (--strategy=tpu).")
+_NUM_GPUS = flags.DEFINE_integer("num_gpus", 0, "GPUs for --strategy=mirrored (0: all).")
+_MODEL_SIZE = flags.DEFINE_enum("model_size", None, ["small", "base", "large"],
+                                "Size whose defaults apply (default: from the hidden size).")
+_LEARNING_RATE = flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
+_LAYERWISE = flags.DEFINE_float("layerwise_lr_decay", None, "Layer-wise LR decay (0: off).")
+_EPOCHS = flags.DEFINE_float("num_train_epochs", None, "Training epochs.")
+_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global training batch size.")
+_EVAL_BATCH = flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch size.")
+_MAX_SEQ = flags.DEFINE_integer("max_seq_length", None, "Tokens per input.")
+_WARMUP = flags.DEFINE_float("warmup_proportion", None, "Fraction of steps warming up.")
+_WEIGHT_DECAY = flags.DEFINE_float("weight_decay", None, "Decoupled weight decay rate.")
+_LOG_EVERY = flags.DEFINE_integer("log_every_steps", None, "Progress / summary interval.")
+_NUM_SEEDS = flags.DEFINE_integer("num_seeds", 1, "Runs with seeds seed, seed+1, ...; the "
+                                  "median and spread are reported.")
+_SEED = flags.DEFINE_integer("seed", 0, "First seed.")
+_MAX_TRAIN = flags.DEFINE_integer("max_train_examples", None, "Use at most this many training "
+                                  "examples (quick runs).")
+_MAX_EVAL = flags.DEFINE_integer("max_eval_examples", None, "Use at most this many eval examples.")
+
+_HPARAMS = {
+    "learning_rate": _LEARNING_RATE, "layerwise_lr_decay": _LAYERWISE, "num_train_epochs": _EPOCHS,
+    "train_batch_size": _BATCH, "eval_batch_size": _EVAL_BATCH, "max_seq_length": _MAX_SEQ,
+    "warmup_proportion": _WARMUP, "weight_decay": _WEIGHT_DECAY, "log_every_steps": _LOG_EVERY,
+}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.INFO)
+    from electra_tf.config import ConfigError
+    from electra_tf.finetune.task_data import TaskDataError
+    from electra_tf.finetune.trainer import run_seeds, task_from_options
+    from electra_tf.training.strategy import StrategyError, create_strategy
+
+    if _INIT_CHECKPOINT.value is None and _CONFIG.value is None:
+        raise app.UsageError("give --init_checkpoint (pretrained) or --config (random init)")
+    try:
+        task = task_from_options(
+            _TASK.value, text_column=_TEXT_COLUMN.value, text_pair_column=_TEXT_PAIR_COLUMN.value,
+            label_column=_LABEL_COLUMN.value, labels=_LABELS.value, has_header=not _NO_HEADER.value,
+            version_2=_VERSION_2.value)
+        strategy = create_strategy(_STRATEGY.value, tpu=_TPU.value, num_gpus=_NUM_GPUS.value)
+        results = run_seeds(
+            task, _CONFIG.value, {k: f.value for k, f in _HPARAMS.items() if f.value is not None},
+            model_dir=_MODEL_DIR.value, num_seeds=_NUM_SEEDS.value, seed=_SEED.value,
+            train_path=_TRAIN_FILE.value, eval_path=_EVAL_FILE.value,
+            tfds_data_dir=_TFDS_DATA_DIR.value, init_checkpoint=_INIT_CHECKPOINT.value,
+            vocab_file=_VOCAB_FILE.value, strategy=strategy, model_size=_MODEL_SIZE.value,
+            max_train_examples=_MAX_TRAIN.value, max_eval_examples=_MAX_EVAL.value)
+    except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError) as e:
+        raise SystemExit(f"electra-finetune: error: {e}")
+    for name, s in results["summary"].items():
+        print(f"{results['task']} {name}: median {s['median']:.2f} (min {s['min']:.2f}, "
+              f"max {s['max']:.2f}, std {s['std']:.2f}) over {results['num_seeds']} seed(s)")
+    print(f"results: {_MODEL_DIR.value}/results.json; best model: {results['best_model_dir']}")
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
