@@ -198,9 +198,11 @@ class Servable:
     def signature(self, signature_name: str) -> Signature:
         key = signature_name or DEFAULT_SIGNATURE
         if key not in self.signatures:
-            raise _not_found(
-                f'Serving signature key "{key}" not found in model {self.name!r} version'
-                f" {self.version}; available: {sorted(self.signatures)}"
+            # TF Serving answers FAILED_PRECONDITION (HTTP 400) with this message.
+            raise ServingError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f'Serving signature key "{key}" not found. (model {self.name!r} version'
+                f" {self.version} has {sorted(self.signatures)})",
             )
         return self.signatures[key]
 

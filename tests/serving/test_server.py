@@ -137,7 +137,7 @@ BAD_REQUESTS = [
     # (name, method, path, body or raw bytes, expected status, words in the message)
     ("invalid JSON", "POST", "/v1/models/tiny:predict", b'{"instances": [', 400, "JSON parse error"),
     ("neither key", "POST", "/v1/models/tiny:predict", {"examples": []}, 400, "exactly one of"),
-    ("wrong signature", "POST", "/v1/models/tiny:predict", {"signature_name": "nope", "instances": ["a"]}, 404, '"nope" not found'),
+    ("wrong signature", "POST", "/v1/models/tiny:predict", {"signature_name": "nope", "instances": ["a"]}, 400, '"nope" not found'),
     ("wrong input name", "POST", "/v1/models/tiny:predict", {"instances": [{"text": "a", "txt_pair": "b"}]}, 400, "'txt_pair' is not an input"),
     ("missing input", "POST", "/v1/models/tiny:predict", {"inputs": {"text": ["a"]}}, 400, "text_pair"),
     ("wrong dtype", "POST", "/v1/models/tiny:predict",
@@ -266,7 +266,7 @@ GRPC_BAD = [
     ("wrong input name", _predict_request(text=[b"a"], txt_pair=[b"b"]), grpc.StatusCode.INVALID_ARGUMENT, "'txt_pair'"),
     ("wrong dtype", _predict_request(text=[1], text_pair=[b"b"]), grpc.StatusCode.INVALID_ARGUMENT, "must be string"),
     ("empty batch", _predict_request("single_text", text=np.array([], dtype=object)), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
-    ("unknown signature", _predict_request("nope", text=[b"a"]), grpc.StatusCode.NOT_FOUND, '"nope" not found'),
+    ("unknown signature", _predict_request("nope", text=[b"a"]), grpc.StatusCode.FAILED_PRECONDITION, '"nope" not found'),
     ("unknown model", predict_pb2.PredictRequest(model_spec={"name": "nope"}), grpc.StatusCode.NOT_FOUND, "Latest(nope)"),
 ]
 
