@@ -1,0 +1,525 @@
+"""The pretraining loop: `PretrainingConfig` and `run_pretraining`.
+
+One loop a reader can follow:
+
+  strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
+  input:  strategy.distribute_datasets_from_function(resumable_dataset_fn(...))
+  step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
+          optionally XLA-compiled), and returns the global losses, token counts and whether any
+          worker asked to stop
+  after each loop: NaN/Inf check, summaries, a log line, checkpoint, SIGTERM check.
+
+Resuming exactly. The step is `optimizer.iterations` (checkpointed). Everything random is a
+function of (seed, step) or is checkpointed: masks and generator samples are keyed by
+`ElectraPretrainer.step_seed()`, dropout draws from Keras seed-generator states that are model
+variables, and the input position is DERIVED from the step: the example stream of every input
+pipeline is a deterministic sequence of epochs (epoch e reads the pipeline's files in an order
+shuffled by (seed, e), interleaved deterministically, through a shuffle buffer seeded by
+(seed, e)), and a run that starts at step s starts that stream at example s * global_batch /
+num_pipelines: it begins at epoch floor(position / epoch size) and skips the rest, so a resume
+reads at most one epoch of raw records (the epoch size is counted once, on resume only).
+Nothing about the input is stored in the checkpoint, so it stays valid if the input files move.
+
+Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold the model and the
+optimizer; they are written at loop boundaries when a multiple of `save_checkpoints_steps` was
+passed, at the end, and when SIGTERM arrives (the run then stops at the next loop boundary and
+`run_pretraining` returns normally with `preempted=True`; the binary exits 0). A non-finite loss
+raises `NonFiniteLossError` naming the first bad step; nothing is saved after it, so the latest
+checkpoint is the last good state.
+
+Multi-worker: every worker runs the same loop (collectives need all of them); the chief writes
+checkpoints, summaries, the config JSON and the exported discriminator; other workers write
+checkpoints to a temporary folder that is deleted (the MultiWorkerMirroredStrategy pattern).
+The stop request (SIGTERM) is max-reduced across workers inside the step function, so every
+worker stops at the same loop boundary.
+
+Files in `model_dir`: `pretraining_config.json` (flags, model config, pretraining config),
+`ckpt-*` checkpoints, `train/` TensorBoard events, `discriminator/` (our format, loadable by
+`from_pretrained` and fine-tuning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+from electra_tf.config import ElectraConfig
+from electra_tf.data import pipeline
+from electra_tf.models.pretrainer import ElectraPretrainer
+from electra_tf.training import optimizer as optimizer_lib
+from electra_tf.training.progress import ProgressLogger
+from electra_tf.training.strategy import is_chief
+
+MIXED_PRECISION = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
+OPTIMIZERS = ("adamw", "lamb")
+CONFIG_FILE = "pretraining_config.json"
+CHECKPOINT_PREFIX = "ckpt"
+
+
+class PretrainingConfigError(ValueError):
+    """An invalid PretrainingConfig value; the message names the field."""
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or Inf; the message names the step."""
+
+
+# --- config ---------------------------------------------------------------------------------------
+# Paper Table 6/7 (see /work/shared/reference/electra.md): learning rate, global batch, steps,
+# sequence length. Warmup is 10,000 steps for every size.
+_PAPER_SIZES = {
+    "small": dict(learning_rate=5e-4, train_batch_size=128, num_train_steps=1_000_000,
+                  max_seq_length=128),
+    "base": dict(learning_rate=2e-4, train_batch_size=256, num_train_steps=766_000,
+                 max_seq_length=512),
+    "large": dict(learning_rate=2e-4, train_batch_size=2048, num_train_steps=400_000,
+                  max_seq_length=512),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainingConfig:
+    """Every hyperparameter of a pretraining run (defaults: ELECTRA-Small of the paper).
+
+    Args:
+      train_batch_size: GLOBAL batch size (split evenly over the replicas).
+      num_train_steps: optimizer steps of the whole run (also the schedule's decay length).
+      learning_rate: peak learning rate.
+      num_warmup_steps: linear warmup multiplying the linear decay (paper: 10,000).
+      max_seq_length: the shards' sequence length.
+      steps_per_loop: steps per tf.function call (host round trips; checkpoints, summaries and
+        SIGTERM are handled between calls).
+      save_checkpoints_steps: checkpoint when a multiple of this is passed (at loop boundaries).
+      keep_checkpoint_max: checkpoints kept by the CheckpointManager.
+      summary_steps: TensorBoard summaries when a multiple of this is passed (loop boundaries).
+      optimizer: "adamw" (the original AdamWeightDecay) or "lamb".
+      weight_decay: decoupled weight decay (0.01).
+      clip_norm: global gradient-norm clip (1.0); 0 disables it.
+      jit_compile: XLA-compile the replica step.
+      mixed_precision: "none", "float16" (with dynamic loss scaling) or "bfloat16".
+      seed: model initialisation, masking, dropout and input order.
+      shuffle_buffer: examples in each input pipeline's shuffle buffer.
+    """
+
+    train_batch_size: int = 128
+    num_train_steps: int = 1_000_000
+    learning_rate: float = 5e-4
+    num_warmup_steps: int = 10_000
+    max_seq_length: int = 128
+    steps_per_loop: int = 100
+    save_checkpoints_steps: int = 1000
+    keep_checkpoint_max: int = 5
+    summary_steps: int = 100
+    optimizer: str = "adamw"
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    jit_compile: bool = False
+    mixed_precision: str = "none"
+    seed: int = 0
+    shuffle_buffer: int = 1000
+
+    def __post_init__(self):
+        def fail(name, message):
+            raise PretrainingConfigError(
+                f"PretrainingConfig.{name}: {message} (got {getattr(self, name)!r})")
+
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                fail(f.name, "must be an integer")
+            if f.type in ("float", float) and (isinstance(value, bool)
+                                               or not isinstance(value, (int, float))):
+                fail(f.name, "must be a number")
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                fail(f.name, "must be true or false")
+        for name in ("train_batch_size", "num_train_steps", "max_seq_length", "steps_per_loop",
+                     "save_checkpoints_steps", "keep_checkpoint_max", "summary_steps",
+                     "shuffle_buffer"):
+            if getattr(self, name) < 1:
+                fail(name, "must be >= 1")
+        if self.num_warmup_steps < 0:
+            fail("num_warmup_steps", "must be >= 0")
+        if not self.learning_rate > 0:
+            fail("learning_rate", "must be > 0")
+        if self.weight_decay < 0:
+            fail("weight_decay", "must be >= 0")
+        if self.clip_norm < 0:
+            fail("clip_norm", "must be >= 0 (0 disables clipping)")
+        if self.optimizer not in OPTIMIZERS:
+            fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
+        if self.mixed_precision not in MIXED_PRECISION:
+            fail("mixed_precision", f"must be one of {', '.join(MIXED_PRECISION)}")
+
+    @classmethod
+    def for_model_size(cls, name: str, **overrides) -> "PretrainingConfig":
+        """The paper's defaults for "small", "base" or "large" (or a config name such as
+        "electra_base"; unknown sizes such as "electra_tiny" get the Small defaults)."""
+        size = Path(str(name)).stem.lower().replace("electra_", "").replace("electra-", "")
+        size = "small" if size.startswith("small") else size
+        values = dict(_PAPER_SIZES.get(size, _PAPER_SIZES["small"]))
+        values.update(overrides)
+        return cls(**values)
+
+    def replace(self, **changes) -> "PretrainingConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --- input --------------------------------------------------------------------------------------
+def _pipeline_files(file_pattern, context: tf.distribute.InputContext):
+    """This pipeline's files and whether the pipelines split files (else they split examples)."""
+    files = pipeline.list_shards(file_pattern)
+    num, index = context.num_input_pipelines, context.input_pipeline_id
+    by_file = len(files) >= num
+    return (files[index::num] if by_file and num > 1 else files), by_file
+
+
+def _count_records(files, by_file: bool, context) -> int:
+    count = int(tf.data.TFRecordDataset(files).reduce(tf.constant(0, tf.int64),
+                                                      lambda n, _: n + 1))
+    if by_file or context.num_input_pipelines == 1:
+        return count
+    num, index = context.num_input_pipelines, context.input_pipeline_id
+    return len(range(index, count, num))
+
+
+def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, seed: int = 0,
+                         start_step: int = 0, shuffle_buffer: int = 1000, cycle_length: int = 4):
+    """A function of an InputContext (for `distribute_datasets_from_function`) whose stream
+    is a deterministic function of (files, seed) and starts at `start_step`'s position.
+
+    See the module docstring. Every per-replica batch is a dict of int32 [batch, seq_length].
+    Shards are checked like `pipeline.pretraining_dataset` does (first record's features and
+    lengths up front; truncated files named when read).
+    """
+
+    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        files, by_file = _pipeline_files(file_pattern, context)
+        for path in files:
+            pipeline._check_first_record(path, seq_length, skip_corrupt=False)
+        sizes = {f: tf.io.gfile.stat(f).length for f in files}
+        per_replica = context.get_per_replica_batch_size(global_batch_size)
+        # Examples this pipeline hands out per step: one batch per replica it feeds.
+        per_step = global_batch_size // context.num_input_pipelines
+        position = start_step * per_step
+        first_epoch = offset = 0
+        if position:
+            epoch_size = _count_records(files, by_file, context)
+            if epoch_size == 0:
+                raise ValueError(f"{file_pattern}: no examples for input pipeline "
+                                 f"{context.input_pipeline_id}")
+            first_epoch, offset = divmod(position, epoch_size)
+        names = tf.constant(files)
+        lengths = tf.constant([sizes[f] for f in files], tf.int64)
+
+        def epoch(e):
+            epoch_seed = tf.stack([tf.constant(seed, tf.int64), e])
+            order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), epoch_seed)
+            d = tf.data.Dataset.from_tensor_slices(
+                (tf.gather(names, order), tf.gather(lengths, order)))
+            d = d.interleave(lambda path, size: pipeline._checked_records(path, size, False),
+                             cycle_length=max(1, min(cycle_length, len(files))),
+                             block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+                             deterministic=True)
+            if not by_file and context.num_input_pipelines > 1:
+                d = d.shard(context.num_input_pipelines, context.input_pipeline_id)
+            shuffle_seed = tf.random.stateless_uniform(
+                [], epoch_seed, minval=0, maxval=2**62, dtype=tf.int64)
+            return d.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+
+        d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
+        if offset:
+            d = d.skip(offset)
+        features = {n: tf.io.FixedLenFeature([seq_length], tf.int64)
+                    for n in pipeline.FEATURE_NAMES}
+
+        def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
+            parsed = tf.io.parse_example(records, features)
+            return {n: tf.cast(parsed[n], tf.int32) for n in pipeline.FEATURE_NAMES}
+
+        d = d.batch(per_replica, drop_remainder=True)
+        d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return d.prefetch(tf.data.AUTOTUNE)
+
+    return fn
+
+
+# --- the step -----------------------------------------------------------------------------------
+def _innermost(optimizer):
+    return getattr(optimizer, "inner_optimizer", optimizer)
+
+
+def track_gradient_norm(optimizer, metric: keras.metrics.Metric) -> None:
+    """Makes `optimizer` record the global norm of the replica-summed gradient in `metric`.
+
+    The norm of interest is that of the gradient the optimizer applies: after the all-reduce
+    (each replica holds a share) and, with loss scaling, after unscaling. Keras computes it in
+    `_all_reduce_sum_gradients` (a private hook of Keras 3's TensorFlow optimizer, also used by
+    our `AdamWeightDecay` and `Lamb`), so that method is wrapped on this instance: no extra
+    all-reduce. Before clipping, as the original's summaries.
+    """
+    inner = _innermost(optimizer)
+    original = inner._all_reduce_sum_gradients
+
+    def all_reduce_and_record(grads_and_vars):
+        grads_and_vars = original(grads_and_vars)
+        grads = [g for g, _ in grads_and_vars if g is not None]
+        metric.update_state(tf.linalg.global_norm(grads))
+        return grads_and_vars
+
+    inner._all_reduce_sum_gradients = all_reduce_and_record
+
+
+def pretraining_step(model: ElectraPretrainer, features) -> dict:
+    """`ElectraPretrainer.train_step` for our loop: one replica's step, returns its loss share
+    and its count of real tokens (for tokens/s). Metrics are updated as the model does."""
+    with tf.GradientTape() as tape:
+        out = model.compute_objective(features, model.step_seed(), training=True)
+        scaled_loss = model.optimizer.scale_loss(out["loss"])
+    variables = model.trainable_variables
+    model.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+    model.update_metrics(out)
+    return {"loss": out["loss"],
+            "tokens": tf.reduce_sum(tf.cast(features["input_mask"], tf.int64))}
+
+
+def make_loop_fn(model, strategy, jit_compile: bool = False):
+    """`loop(iterator, num_steps, stop_flag)`: `num_steps` train steps in one tf.function.
+
+    Returns (global loss of the last step, first step (1-based optimizer step) whose loss was
+    not finite or -1, real tokens processed, whether any worker set `stop_flag`). The loop
+    breaks at the first non-finite loss so the bad update is the last one.
+    """
+    replica_step = tf.function(lambda features: pretraining_step(model, features),
+                               jit_compile=jit_compile, reduce_retracing=True)
+
+    @tf.function
+    def loop(iterator, num_steps, stop_flag):
+        loss = tf.constant(0.0)
+        bad_step = tf.constant(-1, tf.int64)
+        tokens = tf.constant(0, tf.int64)
+        for _ in tf.range(num_steps):
+            out = strategy.run(replica_step, args=(next(iterator),))
+            loss = strategy.reduce("SUM", out["loss"], axis=None)
+            tokens += strategy.reduce("SUM", out["tokens"], axis=None)
+            if not tf.math.is_finite(loss):
+                bad_step = tf.cast(model.optimizer.iterations, tf.int64)
+                break
+        stop = strategy.reduce(
+            "SUM", strategy.run(lambda: tf.cast(stop_flag, tf.int32)), axis=None)
+        return loss, bad_step, tokens, stop > 0
+
+    return loop
+
+
+# --- checkpoints and export ---------------------------------------------------------------------
+def _write_dir(model_dir: str, strategy) -> str:
+    """Where this worker writes: model_dir for the chief, a temporary folder for the others."""
+    if is_chief(strategy):
+        return model_dir
+    return tempfile.mkdtemp(prefix="electra_worker_")
+
+
+def export_discriminator(model: ElectraPretrainer, folder, vocab_file=None) -> str:
+    """Saves the discriminator alone, in the format `from_pretrained` and fine-tuning load."""
+    from electra_tf.convert.pretrained import save_electra_checkpoint
+
+    return save_electra_checkpoint(model.discriminator, model.config, folder,
+                                   vocab_file=vocab_file)
+
+
+def export_discriminator_from_checkpoint(model_dir, folder=None, vocab_file=None) -> str:
+    """On demand: the latest checkpoint of `model_dir` -> `folder` (default model_dir/
+    discriminator). The model config is read from model_dir's pretraining_config.json."""
+    saved = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
+    config = ElectraConfig.from_dict(saved["model_config"])
+    model = ElectraPretrainer(config, seed=saved["pretraining_config"]["seed"])
+    latest = tf.train.latest_checkpoint(str(model_dir))
+    if latest is None:
+        raise FileNotFoundError(f"{model_dir}: no checkpoint to export")
+    tf.train.Checkpoint(model=model).read(latest).expect_partial()
+    vocab_file = vocab_file or saved.get("vocab_file")
+    return export_discriminator(model, folder or Path(model_dir) / "discriminator", vocab_file)
+
+
+# --- SIGTERM ------------------------------------------------------------------------------------
+class _StopRequest:
+    """Sets a flag on SIGTERM (main thread only); restores the previous handler on exit."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        logging.warning("SIGTERM: saving a checkpoint at the end of the current loop")
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+# --- the loop -----------------------------------------------------------------------------------
+class PretrainingResult(NamedTuple):
+    step: int
+    preempted: bool
+    metrics: dict
+    checkpoint: str | None
+    discriminator_dir: str | None
+
+
+def _build(model_config, config: PretrainingConfig, strategy):
+    with strategy.scope():
+        model = ElectraPretrainer(model_config, seed=config.seed)
+        opt = optimizer_lib.create_optimizer(
+            config.optimizer, config.learning_rate, config.num_train_steps,
+            config.num_warmup_steps, weight_decay=config.weight_decay,
+            clip_norm=config.clip_norm or None)
+        if config.mixed_precision == "float16":
+            opt = keras.optimizers.LossScaleOptimizer(opt)
+        model.optimizer = opt
+        grad_norm = keras.metrics.Mean(name="gradient_norm")
+        track_gradient_norm(opt, grad_norm)
+        opt.build(model.trainable_variables)
+    return model, opt, grad_norm
+
+
+def _learning_rate(opt) -> float:
+    inner = _innermost(opt)
+    lr = inner._learning_rate
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return float(lr(inner.iterations))
+    return float(lr)
+
+
+def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
+                    model_dir, strategy: tf.distribute.Strategy, *, vocab_file=None,
+                    flags: dict | None = None) -> PretrainingResult:
+    """Pretrains (or resumes pretraining) in `model_dir`. See the module docstring.
+
+    Args:
+      model_config: the discriminator's ElectraConfig.
+      config: the run's PretrainingConfig.
+      data_pattern: glob(s) of pretraining TFRecord shards at `config.max_seq_length`.
+      model_dir: checkpoints, summaries, config JSON and the exported discriminator.
+      strategy: from `create_strategy`.
+      vocab_file: copied next to the exported discriminator when given.
+      flags: command-line values, recorded in the config JSON.
+
+    Raises NonFiniteLossError if the loss becomes NaN or Inf (the latest checkpoint is kept).
+    """
+    model_dir = str(model_dir)
+    replicas = strategy.num_replicas_in_sync
+    if config.train_batch_size % replicas:
+        raise PretrainingConfigError(
+            f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
+            f"the {replicas} replicas of the strategy")
+    chief = is_chief(strategy)
+    tf.io.gfile.makedirs(model_dir)
+    if chief:
+        record = {"flags": flags or {}, "model_config": model_config.to_dict(),
+                  "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
+                  "strategy": type(strategy).__name__, "num_replicas": replicas}
+        with tf.io.gfile.GFile(os.path.join(model_dir, CONFIG_FILE), "w") as f:
+            f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+    previous_policy = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(MIXED_PRECISION[config.mixed_precision])
+    keras.utils.set_random_seed(config.seed)  # initialisers and dropout seed generators
+    write_dir = _write_dir(model_dir, strategy)
+    try:
+        model, opt, grad_norm = _build(model_config, config, strategy)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
+                                             checkpoint_name=CHECKPOINT_PREFIX)
+        latest = tf.train.latest_checkpoint(model_dir)
+        if latest:
+            checkpoint.restore(latest).assert_existing_objects_matched()
+            logging.info("Resumed from %s at step %d", latest, int(opt.iterations))
+        step = int(opt.iterations)
+        dataset = strategy.distribute_datasets_from_function(resumable_dataset_fn(
+            data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
+            start_step=step, shuffle_buffer=config.shuffle_buffer))
+        iterator = iter(dataset)
+        loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile)
+        writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if chief
+                  else tf.summary.create_noop_writer())
+        progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
+        metrics = {}
+        saved = latest
+        preempted = False
+        with _StopRequest() as stop_request, writer.as_default():
+            period_start, period_step, period_tokens = time.time(), step, 0
+            while step < config.num_train_steps:
+                num_steps = min(config.steps_per_loop, config.num_train_steps - step)
+                loss, bad_step, tokens, stop = loop(
+                    iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+                bad_step = int(bad_step)
+                if bad_step >= 0:
+                    message = (f"loss is {float(loss)} at step {bad_step}: stopping; the last "
+                               f"good checkpoint is {saved}")
+                    logging.error("%s", message)
+                    raise NonFiniteLossError(message)
+                previous, step = step, int(opt.iterations)
+                period_tokens += int(tokens)
+                metrics = {m.name: float(m.result()) for m in model.metrics}
+                metrics["gradient_norm"] = float(grad_norm.result())
+                if step // config.summary_steps > previous // config.summary_steps \
+                        or step >= config.num_train_steps:
+                    elapsed = max(time.time() - period_start, 1e-9)
+                    rates = {"examples_per_second":
+                             (step - period_step) * config.train_batch_size / elapsed,
+                             "tokens_per_second": period_tokens / elapsed,
+                             "learning_rate": _learning_rate(opt)}
+                    for name, value in {**metrics, **rates}.items():
+                        tf.summary.scalar(name, value, step=step)
+                    writer.flush()
+                    for m in (*model.metrics, grad_norm):
+                        m.reset_state()
+                    period_start, period_step, period_tokens = time.time(), step, 0
+                progress.update(step, force=True, loss=metrics["loss"],
+                                **{k: v for k, v in metrics.items()
+                                   if k in ("mlm_loss", "disc_loss", "gradient_norm")})
+                if previous == progress.start_step:
+                    progress.reset_clock(step)  # the ETA should not count the first trace
+                if (step // config.save_checkpoints_steps > previous
+                        // config.save_checkpoints_steps or bool(stop)
+                        or step >= config.num_train_steps):
+                    saved = manager.save(checkpoint_number=step)
+                    logging.info("Saved checkpoint %s", saved)
+                if bool(stop):
+                    preempted = True
+                    logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
+                                    "resume", step)
+                    break
+        disc_dir = None
+        if not preempted:
+            target = Path(write_dir) / "discriminator"
+            export_discriminator(model, target, vocab_file=vocab_file)
+            disc_dir = str(Path(model_dir) / "discriminator")
+            logging.info("Saved the discriminator to %s", disc_dir)
+        return PretrainingResult(step, preempted, metrics,
+                                 saved if chief else None, disc_dir)
+    finally:
+        keras.mixed_precision.set_global_policy(previous_policy)
+        if not chief:
+            shutil.rmtree(write_dir, ignore_errors=True)

@@ -1,0 +1,100 @@
+"""Fixtures for the pretraining tests: a small vocab and real shards built from IMDB text.
+
+The vocab is made by hand (specials first, then every character, its ## form and the 400 most
+frequent words of 200 reviews): fast, and enough for WordPiece to cover the text. The shards are
+a real build by `build_pretraining_data` (4 shards, length 32), so the loop reads what users read.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from electra_tf.data import corpus
+
+SEQ_LENGTH = 32
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="session")
+def pretrain_vocab(tmp_path_factory) -> str:
+    docs = list(itertools.islice(corpus.imdb_documents(), 200))
+    words = collections.Counter(
+        w for doc in docs for line in doc for w in re.findall(r"[a-z]+|[^a-z\s]", line.lower()))
+    chars = sorted({c for w in words for c in w if c.isprintable() and not c.isspace()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
+    vocab += [w for w, _ in words.most_common(400) if len(w) > 1 and w not in vocab]
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def pretrain_shards(tmp_path_factory, pretrain_vocab) -> str:
+    """A glob of 4 real TFRecord shards at SEQ_LENGTH."""
+    from electra_tf.data import pretraining_data as pd
+
+    docs = list(itertools.islice(corpus.imdb_documents(), 200))
+    root = tmp_path_factory.mktemp("pretrain_data")
+    text = root / "corpus.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+    out = root / "shards"
+    pd.build_pretraining_data(pd.BuildConfig(
+        inputs=[str(text)], vocab_file=pretrain_vocab, output_dir=str(out),
+        max_seq_length=SEQ_LENGTH, num_shards=4, num_processes=1, seed=0))
+    return str(out / "pretrain_data.tfrecord-*")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_flags(data, vocab, model_dir, **extra) -> list[str]:
+    """Command-line flags of a tiny, fast run of tools.pretrain."""
+    values = dict(config="electra_tiny", data=data, vocab_file=vocab, model_dir=model_dir,
+                  max_seq_length=SEQ_LENGTH, train_batch_size=8, num_train_steps=6,
+                  num_warmup_steps=2, learning_rate=1e-3, steps_per_loop=2,
+                  save_checkpoints_steps=2, summary_steps=2, keep_checkpoint_max=10, seed=3)
+    values.update(extra)
+    out = []
+    for k, v in values.items():
+        if isinstance(v, bool):
+            out.append(f"--{k}" if v else f"--no{k}")
+        elif isinstance(v, (list, tuple)):
+            out += [f"--{k}={x}" for x in v]
+        else:
+            out.append(f"--{k}={v}")
+    return out
+
+
+def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
+    """`python -m tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped."""
+    full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
+                    CUDA_VISIBLE_DEVICES="", TF_NUM_INTEROP_THREADS="1",
+                    TF_NUM_INTRAOP_THREADS="1")
+    full_env.pop("TF_CONFIG", None)
+    full_env.update(env or {})
+    return subprocess.Popen([sys.executable, "-m", "tools.pretrain", *args], cwd=REPO,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, **kwargs)
+
+
+class TrainingHelpers:
+    tiny_flags = staticmethod(tiny_flags)
+    pretrain_process = staticmethod(pretrain_process)
+    free_port = staticmethod(free_port)
+    seq_length = SEQ_LENGTH
+
+
+@pytest.fixture(scope="session")
+def th():
+    return TrainingHelpers

@@ -1,0 +1,88 @@
+"""Pretrains ELECTRA from TFRecord shards (electra-pretrain).
+
+  electra-pretrain --config=electra_small --data='data/pretrain/pretrain_data.tfrecord-*' \
+      --model_dir=runs/small [--vocab_file=vocab.txt] [--strategy=mirrored] [--override k=v]
+
+Unset hyperparameter flags take the paper's values for the config's size (Small: lr 5e-4,
+batch 128, 1M steps, length 128; Base: 2e-4 / 256 / 766K / 512; Large: 2e-4 / 2048 / 400K / 512;
+warmup 10,000). Rerunning the same command resumes from the latest checkpoint. SIGTERM saves a
+checkpoint at the next loop boundary and exits 0; a NaN/Inf loss exits 1 naming the step.
+See electra_tf/training/pretraining.py.
+"""
+
+import sys
+
+from absl import app, flags, logging
+
+from electra_tf.config import ElectraConfig
+from electra_tf.training import pretraining, strategy as strategy_lib
+
+_CONFIG = flags.DEFINE_string("config", "electra_small",
+                              "Model config: a configs/*.json name or a path.")
+_OVERRIDE = flags.DEFINE_multi_string("override", [], "key=value overrides of the model config.")
+_DATA = flags.DEFINE_string("data", None, "Glob(s) of pretraining TFRecord shards.", required=True)
+_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, exports.",
+                                 required=True)
+_VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab: sets the special token ids "
+                             "and vocab_size, and is copied next to the exported discriminator.")
+_STRATEGY = flags.DEFINE_enum("strategy", "one_device", list(strategy_lib.STRATEGIES),
+                              "tf.distribute strategy.")
+_TPU = flags.DEFINE_string("tpu", None, "TPU name or grpc:// address (--strategy=tpu).")
+_NUM_GPUS = flags.DEFINE_integer("num_gpus", 0, "GPUs for --strategy=mirrored (0: all).")
+_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global batch size.")
+_STEPS = flags.DEFINE_integer("num_train_steps", None, "Total optimizer steps.")
+_LR = flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
+_WARMUP = flags.DEFINE_integer("num_warmup_steps", None, "Linear warmup steps.")
+_MAX_LEN = flags.DEFINE_integer("max_seq_length", None, "The shards' sequence length.")
+_PER_LOOP = flags.DEFINE_integer("steps_per_loop", None, "Steps per tf.function call.")
+_SAVE = flags.DEFINE_integer("save_checkpoints_steps", None, "Checkpoint interval in steps.")
+_KEEP = flags.DEFINE_integer("keep_checkpoint_max", None, "Checkpoints to keep.")
+_SUMMARY = flags.DEFINE_integer("summary_steps", None, "TensorBoard summary interval in steps.")
+_OPTIMIZER = flags.DEFINE_enum("optimizer", None, list(pretraining.OPTIMIZERS), "Optimizer.")
+_JIT = flags.DEFINE_bool("jit_compile", None, "XLA-compile the train step.")
+_MIXED = flags.DEFINE_enum("mixed_precision", None, list(pretraining.MIXED_PRECISION),
+                           "Mixed precision policy.")
+_SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.")
+_TIMEOUT = flags.DEFINE_float("strategy_timeout", 30.0, "Seconds to reach a TPU.")
+
+# Flag -> PretrainingConfig field; a flag left unset keeps the paper default.
+_CONFIG_FLAGS = {
+    "train_batch_size": _BATCH, "num_train_steps": _STEPS, "learning_rate": _LR,
+    "num_warmup_steps": _WARMUP, "max_seq_length": _MAX_LEN, "steps_per_loop": _PER_LOOP,
+    "save_checkpoints_steps": _SAVE, "keep_checkpoint_max": _KEEP, "summary_steps": _SUMMARY,
+    "optimizer": _OPTIMIZER, "jit_compile": _JIT, "mixed_precision": _MIXED, "seed": _SEED,
+}
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        model_config = ElectraConfig.from_json(_CONFIG.value)
+        if _VOCAB.value:
+            model_config = model_config.with_vocab(_VOCAB.value)
+        model_config = model_config.with_overrides(_OVERRIDE.value)
+        config = pretraining.PretrainingConfig.for_model_size(
+            _CONFIG.value, **{k: f.value for k, f in _CONFIG_FLAGS.items() if f.value is not None})
+        strategy = strategy_lib.create_strategy(_STRATEGY.value, tpu=_TPU.value,
+                                                num_gpus=_NUM_GPUS.value,
+                                                timeout_seconds=_TIMEOUT.value)
+    except (ValueError, strategy_lib.StrategyError) as e:
+        logging.error("%s", e)
+        sys.exit(f"error: {e}")
+    flag_values = {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])}
+    try:
+        result = pretraining.run_pretraining(
+            model_config, config, _DATA.value, _MODEL_DIR.value, strategy,
+            vocab_file=_VOCAB.value, flags=flag_values)
+    except pretraining.NonFiniteLossError as e:
+        sys.exit(f"error: {e}")
+    logging.info("Done at step %d%s", result.step, " (preempted)" if result.preempted else "")
+
+
+def run():
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()
