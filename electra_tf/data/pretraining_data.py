@@ -34,6 +34,7 @@ from the start, so prefer plain files or many small .gz files for big corpora.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import glob
 import gzip
@@ -617,26 +618,28 @@ def build_pretraining_data(
             while not q.empty():
                 progress.add(*q.get(), done, num_shards)
     elif todo:
-        ctx = multiprocessing.get_context("spawn")  # TF is not fork-safe
+        # Spawned workers (TF is not fork-safe). ProcessPoolExecutor, unlike Pool, fails with
+        # BrokenProcessPool instead of hanging when a worker dies (OOM killer, signal).
+        ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue()
-        with ctx.Pool(num_processes, _init_worker, (config, index, num_shards, q)) as pool:
-            pending = [pool.apply_async(build_shard, (s,)) for s in todo]
-            try:
-                while pending:
-                    while not q.empty():
-                        progress.add(*q.get(), done, num_shards)
-                    still = []
-                    for r in pending:
-                        if r.ready():
-                            finished(r.get())  # re-raises a worker's error here
-                        else:
-                            still.append(r)
-                    pending = still
-                    if pending:
-                        time.sleep(0.05)
-            except BaseException:
-                pool.terminate()  # finished shards stay; temp files are cleaned on rerun
-                raise
+        executor = concurrent.futures.ProcessPoolExecutor(
+            num_processes, mp_context=ctx, initializer=_init_worker,
+            initargs=(config, index, num_shards, q))
+        try:
+            pending = {executor.submit(build_shard, s) for s in todo}
+            while pending:
+                ready, pending = concurrent.futures.wait(
+                    pending, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED)
+                while not q.empty():
+                    progress.add(*q.get(), done, num_shards)
+                for future in ready:
+                    finished(future.result())  # re-raises a worker's error here
+        except BaseException:
+            # Shards already renamed stay; running ones finish or leave a temp file that the
+            # next run deletes.
+            executor.shutdown(wait=False, cancel_futures=True)
+            raise
+        executor.shutdown(wait=True)
         while not q.empty():
             progress.add(*q.get(), done, num_shards)
     progress.add(0, 0, done, num_shards, force=True)
