@@ -338,6 +338,10 @@ def test_not_a_vocab_fails_fast_naming_the_file(tmp_path, corpus_dir):
 def test_missing_input_and_changed_config(tmp_path, vocab_file, corpus_dir, built_shards):
     with pytest.raises(pd.BadInputError, match="nope/\\*.txt: no such file"):
         build(tmp_path, [str(tmp_path / "nope" / "*.txt")], vocab_file)
+    bad_gz = tmp_path / "broken.txt.gz"
+    bad_gz.write_bytes(b"plain text pretending to be gzip\n")
+    with pytest.raises(pd.BadInputError, match=f"{bad_gz}:1: cannot read"):
+        build(tmp_path, [str(bad_gz)], vocab_file, name="gz")
     out, _ = built_shards
     with pytest.raises(pd.BadInputError, match="different build .*seed"):
         pd.build_pretraining_data(BuildConfig(inputs=[corpus_dir], vocab_file=vocab_file,
