@@ -539,7 +539,7 @@ def build_pretraining_data(
     from electra_tf.data.tokenizer import file_sha256, load_vocab
 
     config.validate()
-    load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
+    vocab = load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
     os.makedirs(os.path.join(config.output_dir, STATS_DIR), exist_ok=True)
 
     embedded = not config.inputs
@@ -654,6 +654,10 @@ def build_pretraining_data(
     manifest = dict(
         build_key,
         vocab_file=os.path.abspath(config.vocab_file),
+        # For ElectraConfig: ids come from the file, not BERT's defaults.
+        vocab_size=len(vocab),
+        special_ids={t.strip("[]").lower() + "_token_id": vocab.index(t)
+                     for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
         shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
         num_examples=sum(s["examples"] for s in shards),
         num_tokens=sum(s["tokens"] for s in shards),

@@ -258,6 +258,9 @@ def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
     on_disk = json.load(open(os.path.join(out, "manifest.json")))
     assert on_disk == manifest
     assert manifest["vocab_sha256"] == tokenizer.vocab_hash()
+    assert manifest["vocab_size"] == tokenizer.vocab_size
+    assert manifest["special_ids"] == {"pad_token_id": 0, "unk_token_id": 5, "cls_token_id": 13,
+                                       "sep_token_id": 21, "mask_token_id": 34}
     assert (manifest["max_seq_length"], manifest["seed"], manifest["num_shards"]) == (64, 0, 4)
     assert [s["examples"] for s in manifest["shards"]] == [
         len(helpers.read_records(os.path.join(out, n))) for n in names]
