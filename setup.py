@@ -17,7 +17,7 @@ EXTRAS = {
     "test": ["pytest>=8", "pytest-timeout>=2.3"],
 }
 EXTRAS["all"] = sorted(
-    {req for name, reqs in EXTRAS.items() if name not in ("torch", "corpus") for req in reqs}
+    {req for name, reqs in EXTRAS.items() if name not in ("torch", "corpus", "tensorboard") for req in reqs}
 )
 
 setuptools.setup(
@@ -27,7 +27,11 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["electra_tf*", "serving*", "tools*"]),
+    packages=setuptools.find_packages(include=["electra_tf*", "serving*", "tools*"])
+    + ["electra_tf.configs"],
+    # configs/*.json travel inside the wheel as the package data of `electra_tf.configs`.
+    package_dir={"electra_tf.configs": "configs"},
+    package_data={"electra_tf.configs": ["*.json"], "serving": ["*.yml", "*.yaml", "*.md"]},
     install_requires=[
         TF,
         "tensorflow-text==2.21.*",

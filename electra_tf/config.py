@@ -19,7 +19,10 @@ OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm")
 EMBEDDING_SHARING = ("embeddings", "untied", "all")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
 
+# The repo's configs/ folder; in an installed wheel the same files are `electra_tf.configs`.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+if not CONFIG_DIR.is_dir():
+    CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 class ConfigError(ValueError):
