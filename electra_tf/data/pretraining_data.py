@@ -424,45 +424,56 @@ def build_shard(shard: int) -> dict:
     serialize = ExampleSerializer()
     start_time = time.time()
 
-    def tokenize_and_pack(events, texts, writer):
-        # events: ("line", position in texts) or ("end", None); texts tokenized in one op call.
-        ids = tokenizer.tokenize(tf.constant(texts, dtype=tf.string)) if texts else None
-        flat = ids.flat_values.numpy() if texts else None
-        splits = ids.row_splits.numpy() if texts else None
+    empty_docs: list[str] = []  # "file:line" of documents that gave no WordPieces
+
+    def tokenize_and_pack(events, texts, writer) -> int:
+        """events: ("line", index into texts) or ("end", "file:line" where the document began).
+
+        All texts go through the tokenizer in one op call; returns the WordPieces produced."""
+        if not texts:
+            flat, splits = [], [0]
+        else:
+            ids = tokenizer.tokenize(tf.constant(texts, dtype=tf.string))
+            flat, splits = ids.flat_values.numpy(), ids.row_splits.numpy()
         doc_tokens = 0
-        for kind, pos in events:
+        for kind, value in events:
             if kind == "line":
-                sentence = flat[splits[pos] : splits[pos + 1]].tolist()
+                sentence = flat[splits[value] : splits[value + 1]].tolist()
                 doc_tokens += len(sentence)
                 example = builder.add_sentence(sentence)
             else:
                 if doc_tokens == 0:
-                    stats["empty_documents"] += 1
+                    empty_docs.append(value)
                 doc_tokens = 0
                 example = builder.end_document()
             if example is not None:
                 writer.write(serialize(*example))
                 stats["examples"] += 1
                 stats["tokens"] += sum(example[1])
-        return int(splits[-1]) if texts else 0
+        return int(splits[-1])
 
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
             events, texts, pending_bytes = [], [], 0
             for u in units:
                 stats["documents"] += 1
-                for _, text in _read_unit_lines(index, u, cache, config):
+                path = index.files[index.file_index[u]]
+                doc_start = None
+                for line_no, text in _read_unit_lines(index, u, cache, config):
                     text = text.strip()
                     if text:
+                        if doc_start is None:
+                            doc_start = f"{path}:{line_no}"
                         events.append(("line", len(texts)))
                         texts.append(text)
                         stats["lines"] += 1
-                    elif events and events[-1][0] != "end":
-                        # Blank only after str.strip() (e.g. U+00A0): a document break, as in
-                        # the original, which strips with str.strip().
-                        events.append(("end", None))
-                if events and events[-1][0] != "end":
-                    events.append(("end", None))
+                    elif doc_start is not None:
+                        # Blank only to str.strip() (e.g. U+00A0): a document break, as in the
+                        # original, which strips lines with str.strip().
+                        events.append(("end", doc_start))
+                        doc_start = None
+                if doc_start is not None:
+                    events.append(("end", doc_start))
                 nbytes = int(index.end[u] - index.start[u])
                 stats["input_bytes"] += nbytes
                 pending_bytes += nbytes
@@ -474,11 +485,12 @@ def build_shard(shard: int) -> dict:
             n_tok = tokenize_and_pack(events, texts, writer)
             stats["wordpieces"] += n_tok
             _report(queue, pending_bytes, n_tok)
-        # Documents that were only blank (Unicode-blank) lines are not counted as documents.
-        if stats["empty_documents"]:
+        stats["empty_documents"] = len(empty_docs)
+        if empty_docs:
             logging.warning(
-                "shard %d: %d document(s) produced no WordPieces (e.g. only control "
-                "characters) and were skipped", shard, stats["empty_documents"],
+                "%d document(s) produced no WordPieces (e.g. only control characters) and "
+                "were skipped: %s%s", len(empty_docs), ", ".join(empty_docs[:5]),
+                " ..." if len(empty_docs) > 5 else "",
             )
         stats["seconds"] = round(time.time() - start_time, 3)
         _write_json_atomic(

@@ -308,6 +308,7 @@ def test_empty_file_and_empty_documents(tmp_path, vocab_file, caplog):
     assert f"{tmp_path / 'in' / 'empty.txt'}: input file is empty" in caplog.text
     assert f"{tmp_path / 'in' / 'blank.txt'}: input file has only blank lines" in caplog.text
     assert "1 document(s) produced no WordPieces" in caplog.text
+    assert f"{tmp_path / 'in' / 'text.txt'}:8" in caplog.text  # where that document starts
     assert manifest["num_examples"] == 2 and manifest["shards"][0]["empty_documents"] == 1
     (tmp_path / "only_empty").mkdir()
     (tmp_path / "only_empty" / "e.txt").write_bytes(b"")
