@@ -8,11 +8,15 @@ from electra_tf.config import ConfigError, ElectraConfig
 __version__ = "0.1.0"
 
 _MODELS = ("Discriminator", "ElectraPretrainer", "Generator")
-__all__ = ["ConfigError", "ElectraConfig", *_MODELS]
+_CONVERT = ("from_pretrained", "save_electra_checkpoint")
+__all__ = ["ConfigError", "ElectraConfig", *_MODELS, *_CONVERT]
 
 
 def __getattr__(name):
     if name in _MODELS:
         from electra_tf import models
         return getattr(models, name)
+    if name in _CONVERT:
+        from electra_tf import convert
+        return getattr(convert, name)
     raise AttributeError(f"module 'electra_tf' has no attribute {name!r}")
