@@ -31,6 +31,8 @@ def main(argv):
     from electra_tf.data.pretraining_data import iter_text_lines
 
     lines = iter_text_lines(_INPUT.value, max_lines=_MAX_LINES.value, log_every=50_000)
+    logging.info("Learning a vocab of at most %d tokens from %s", _VOCAB_SIZE.value,
+                 ", ".join(_INPUT.value) or "the embedded IMDB corpus")
     start = time.time()
     vocab = tokenization.learn_vocab(lines, _VOCAB_SIZE.value, lower_case=_LOWER.value,
                                      num_unused=_UNUSED.value)
