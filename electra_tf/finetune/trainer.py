@@ -76,7 +76,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig, model_size_of
 from electra_tf.finetune.heads import HEADS, build_head
-from electra_tf.finetune.metrics import TaskMetrics
+from electra_tf.finetune.metrics import TaskMetrics, tagging_accuracy
 from electra_tf.finetune.task_data import Task, get_task, infer_label_names, load_examples
 
 FORMAT = "electra_tf_finetuned"
@@ -245,7 +245,11 @@ def evaluate(head, task: Task, data: _EvalData, fc: FinetuningConfig, strategy=N
         predicted = [[label_names[i] for i in w] for w in words]
         # Words cut off by max_seq_length are scored against the gold words that fit.
         gold = [[label_names[i] for i in e.labels[: len(w)]] for e, w in zip(data.examples, words)]
-        results = metric.compute(gold, predicted)
+        if is_chunk_tag_set(label_names):
+            results = metric.compute(gold, predicted)
+        else:  # chunk F1 needs BIOES/BIO tags; any other label set is scored by accuracy
+            accuracy = tagging_accuracy(gold, predicted)
+            results = {"accuracy": accuracy, "main": accuracy}
         records = [{"id": e.eid, "words": list(e.words[: len(p)]), "prediction": p, "label": g}
                    for e, p, g in zip(data.examples, predicted, gold)]
     else:
@@ -262,6 +266,11 @@ def evaluate(head, task: Task, data: _EvalData, fc: FinetuningConfig, strategy=N
             results = metric.compute(gold, qa.predictions)
         records = qa
     return {k: float(v) for k, v in results.items()}, records
+
+
+def is_chunk_tag_set(label_names) -> bool:
+    """Whether every tag is "O" or "<B|I|E|S>-<type>" (scored by chunk F1)."""
+    return all(t == "O" or (t[:2] in ("B-", "I-", "E-", "S-") and len(t) > 2) for t in label_names)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
@@ -440,7 +449,6 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
     import tensorflow as tf
 
     from electra_tf.data.tokenizer import WordpieceTokenizer
-    from electra_tf.training.optimizer import create_optimizer
     from electra_tf.training.progress import ProgressLogger
     from electra_tf.training.strategy import is_chief
 
@@ -516,11 +524,7 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
         if init_checkpoint is not None:
             assign_encoder_weights(head, encoder_values, init_checkpoint)
             del encoder_values
-        optimizer = create_optimizer(
-            "adamw", fc.learning_rate, total_steps, fc.warmup_proportion * total_steps,
-            weight_decay=fc.weight_decay, clip_norm=fc.clip_norm,
-            layerwise_decay=fc.layerwise_decay_or_none, num_layers=config.num_layers,
-            match_original_layerwise=fc.match_original_layerwise)
+        optimizer = create_finetuning_optimizer(fc, config.num_layers, total_steps)
         optimizer.build(head.trainable_variables)
 
     dataset = (tf.data.Dataset.from_tensor_slices(train_arrays)
@@ -597,6 +601,18 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
     if chief:
         (model_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def create_finetuning_optimizer(fc: FinetuningConfig, num_layers: int, total_steps: int):
+    """The original fine-tuning optimizer: AdamWeightDecay, warmup then linear decay, layer-wise
+    learning-rate decay over `num_layers` encoder layers (see `training.optimizer`)."""
+    from electra_tf.training.optimizer import create_optimizer
+
+    return create_optimizer(
+        "adamw", fc.learning_rate, total_steps, fc.warmup_proportion * total_steps,
+        weight_decay=fc.weight_decay, clip_norm=fc.clip_norm,
+        layerwise_decay=fc.layerwise_decay_or_none, num_layers=num_layers,
+        match_original_layerwise=fc.match_original_layerwise)
 
 
 def summarize(values: Sequence[float]) -> dict:

