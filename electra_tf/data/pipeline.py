@@ -192,3 +192,9 @@ def dataset_fn(file_pattern, global_batch_size: int, seq_length: int, **kwargs):
                                    input_context=input_context, **kwargs)
 
     return fn
+
+
+# Public names for the building blocks, for loops that assemble their own tf.data pipelines
+# (electra_tf/training/pretraining.py). The underscored names stay as aliases.
+check_first_record = _check_first_record
+checked_records = _checked_records
