@@ -1,0 +1,285 @@
+"""The fine-tuning loop, the saved model, `run_seeds` and the electra-finetune binary.
+
+Tiny model over the fixture vocabulary; Rotten Tomatoes subsets (the packaged data) and a SQuAD
+2.0 file derived from Rotten Tomatoes sentences (see test_heads: the longest word answers
+"which is the longest word ?", sentences without digits make "which word is a number ?"
+unanswerable).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf.config import ConfigError
+from electra_tf.convert.pretrained import save_electra_checkpoint
+from electra_tf.finetune import features as F
+from electra_tf.finetune.config import FinetuningConfig
+from electra_tf.finetune.heads import SentenceClassifier, SpanQuestionAnswerer
+from electra_tf.finetune.task_data import TaskDataError, rotten_tomatoes_examples
+from electra_tf.finetune.trainer import (
+    finetune, load_encoder_weights, load_finetuned, run_seeds, summarize, task_from_options)
+from electra_tf.models import Discriminator
+
+REPO = Path(__file__).resolve().parents[2]
+FC = FinetuningConfig(num_train_epochs=2, train_batch_size=16, eval_batch_size=16, max_seq_length=32,
+                      learning_rate=1e-3, log_every_steps=2)
+
+
+@pytest.fixture(scope="module")
+def pretrained_dir(tmp_path_factory, tiny_config, vocab_file):
+    """A 'pretrained' discriminator (random weights) in our checkpoint format, with its RTD head,
+    as the pretraining binary writes `model_dir/discriminator`."""
+    tf.keras.utils.set_random_seed(123)
+    disc = Discriminator(tiny_config)
+    folder = tmp_path_factory.mktemp("pretrain") / "discriminator"
+    save_electra_checkpoint(disc, tiny_config, folder, vocab_file=vocab_file)
+    return folder, disc
+
+
+def test_init_checkpoint_restores_encoder_exactly(pretrained_dir, tokenizer, rt_balanced, tiny_config):
+    folder, disc = pretrained_dir
+    features = F.featurize_sentences(rt_balanced[:8], tokenizer, 32)
+    inputs = {k: features[k] for k in ("input_ids", "input_mask", "segment_ids")}
+    head = SentenceClassifier(tiny_config, num_labels=2)
+    saved = disc(inputs, training=False)["sequence_output"].numpy()
+    assert not np.allclose(head.encode(inputs, False)["sequence_output"], saved)
+    config = load_encoder_weights(head, folder)
+    assert config == tiny_config
+    np.testing.assert_array_equal(head.encode(inputs, False)["sequence_output"].numpy(), saved)
+    np.testing.assert_array_equal(head.encode(inputs, False)["cls_output"].numpy(), saved[:, 0])
+    assert {v.path: v.numpy().tobytes() for v in head.encoder.weights} == {
+        v.path: v.numpy().tobytes() for v in disc.weights if "discriminator_predictions" not in v.path}
+
+
+def _events(folder):
+    tags = {}
+    for path in Path(folder).glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                tags.setdefault(value.tag, []).append(
+                    (event.step, float(tf.make_ndarray(value.tensor))))
+    return tags
+
+
+def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
+    folder, _ = pretrained_dir
+    lines = []
+    result = finetune("rotten_tomatoes", finetuning_config=FC, init_checkpoint=folder,
+                      model_dir=tmp_path, seed=3, max_train_examples=64, max_eval_examples=40,
+                      log=lines.append)
+    # 64 examples / 16 = 4 steps per epoch, 8 in all; an evaluation after each epoch.
+    assert result["train_steps"] == 8 and [h["epoch"] for h in result["history"]] == [1, 2]
+    assert any("ETA" in line and "steps/s" in line and "loss" in line for line in lines)
+    best = max(result["history"], key=lambda h: h["accuracy"])
+    assert result["best"]["accuracy"] == best["accuracy"] and result["best_epoch"] == best["epoch"]
+    assert json.loads((tmp_path / "results.json").read_text())["best"] == result["best"]
+    # Predictions of every epoch, JSONL, one per eval example.
+    records = [json.loads(l) for l in (tmp_path / "predictions" / "epoch_1.jsonl").read_text().splitlines()]
+    assert len(records) == 40 and {r["label"] for r in records} <= {"negative", "positive"}
+    # TensorBoard: training loss and lr each logging step, eval metrics each epoch.
+    train = _events(tmp_path / "logs" / "train")
+    assert [s for s, _ in train["loss"]] == [2, 4, 6, 8]
+    lrs = [v for _, v in train["learning_rate"]]
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] < 1e-3  # warmup 10%, then linear decay
+    assert [s for s, _ in _events(tmp_path / "logs" / "eval")["accuracy"]] == [4, 8]
+    # The saved best model: layout, and the same predictions after loading.
+    best_dir = tmp_path / "best"
+    assert {p.name for p in best_dir.iterdir()} >= {
+        "head_config.json", "config.json", "model.index", "vocab.txt", "predictions.jsonl"}
+    head, info, vocab = load_finetuned(tmp_path)
+    assert isinstance(head, SentenceClassifier) and Path(vocab) == best_dir / "vocab.txt"
+    assert (info["head"], info["kind"], info["task"], info["num_labels"], info["label_names"],
+            info["max_seq_length"]) == ("SentenceClassifier", "classification", "rotten_tomatoes", 2,
+                                        ["negative", "positive"], 32)
+    from electra_tf.data.tokenizer import WordpieceTokenizer
+    from electra_tf.finetune.trainer import _subsample
+
+    dev = _subsample(rotten_tomatoes_examples("dev"), 40)
+    features = F.featurize_sentences(dev, WordpieceTokenizer(vocab), 32)
+    probs = tf.nn.softmax(head(features)["logits"]).numpy()
+    saved = [json.loads(l) for l in (best_dir / "predictions.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(probs, [r["probabilities"] for r in saved], atol=2e-6)
+
+
+def _squad_json(path, rt_sentences):
+    import re
+
+    paragraphs = []
+    for i, sentence in enumerate([s for s in rt_sentences[500:600] if len(s.split()) <= 14][:10]):
+        starts = [m.start() for m in re.finditer(r"\S+", sentence)]
+        _, _, word, start = max((len(w), -s, w, s) for w, s in zip(sentence.split(), starts) if w.isalpha())
+        qas = [{"id": f"long{i}", "question": "which is the longest word ?", "is_impossible": False,
+                "answers": [{"text": word, "answer_start": start}]}]
+        if not re.search(r"\d", sentence):
+            qas.append({"id": f"num{i}", "question": "which word is a number ?", "is_impossible": True,
+                        "answers": []})
+        paragraphs.append({"context": sentence, "qas": qas})
+    path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "rt", "paragraphs": paragraphs}]}, indent=1))
+    return path
+
+
+def test_finetune_squad2_file_random_init(tmp_path, tiny_config, vocab_file, rt_sentences):
+    data = _squad_json(tmp_path / "rt_squad.json", rt_sentences)
+    fc = FC.replace(max_seq_length=48, max_query_length=8, doc_stride=16, num_train_epochs=1,
+                    train_batch_size=8, n_best_size=5)
+    task = task_from_options("squad2.0")
+    result = finetune(task, tiny_config, fc, train_path=data, eval_path=data, vocab_file=vocab_file,
+                      model_dir=tmp_path / "run")
+    assert {"exact", "f1", "HasAns_exact", "NoAns_exact", "best_exact", "main"} <= set(result["best"])
+    qids = {q["id"] for p in json.loads(data.read_text())["data"][0]["paragraphs"] for q in p["qas"]}
+    predictions = json.loads((tmp_path / "run" / "best" / "predictions.json").read_text())
+    null_odds = json.loads((tmp_path / "run" / "best" / "predictions_null_odds.json").read_text())
+    assert set(predictions) == set(null_odds) == qids
+    contexts = {q["id"]: p["context"] for p in json.loads(data.read_text())["data"][0]["paragraphs"] for q in p["qas"]}
+    assert all(text in contexts[qid] for qid, text in predictions.items())  # "" or a context span
+    head, info, _ = load_finetuned(tmp_path / "run" / "best")
+    assert isinstance(head, SpanQuestionAnswerer) and head.beam_size == 5
+    assert info["qa"]["version_2"] is True and info["qa"]["null_score_diff_threshold"] == -2.75
+
+
+def test_summarize_median_and_spread():
+    s = summarize([70.0, 90.0, 80.0, 60.0])
+    assert (s["median"], s["min"], s["max"]) == (75.0, 60.0, 90.0)
+    assert s["std"] == pytest.approx(np.std([70, 90, 80, 60], ddof=1))
+    assert summarize([5.0])["std"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# Bad inputs: errors name the file, the line and the field.
+# ---------------------------------------------------------------------------------------
+
+
+def _finetune_file(tmp_path, task, train, tiny_config, vocab_file):
+    return finetune(task, tiny_config, FC, train_path=train, eval_path=train, vocab_file=vocab_file,
+                    model_dir=tmp_path / "out")
+
+
+def test_bad_inputs_name_file_line_and_field(tmp_path, tiny_config, vocab_file):
+    bad_json = tmp_path / "train.jsonl"
+    bad_json.write_text('{"text": "a fine film", "label": "pos"}\n{"text": "dull", "label": \n')
+    with pytest.raises(TaskDataError, match=rf"{bad_json}:2: malformed JSON"):
+        _finetune_file(tmp_path, task_from_options("classification"), bad_json, tiny_config, vocab_file)
+
+    missing = tmp_path / "train.csv"
+    missing.write_text("sentence,label\na fine film,pos\n")
+    with pytest.raises(TaskDataError, match=rf"{missing}:1: field 'review': missing column"):
+        _finetune_file(tmp_path, task_from_options("classification", text_column="review"), missing,
+                       tiny_config, vocab_file)
+
+    unknown = tmp_path / "labels.csv"
+    unknown.write_text("text,label\na fine film,pos\na dull film,meh\n")
+    with pytest.raises(TaskDataError, match=rf"{unknown}:3: field 'label': label 'meh' is not in"):
+        _finetune_file(tmp_path, task_from_options("classification", labels=["neg", "pos"]), unknown,
+                       tiny_config, vocab_file)
+
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("text\tlabel\na fine film\t1.5\n \t2.0\n")
+    with pytest.raises(TaskDataError, match=rf"{empty}:3: field 'text': empty text"):
+        _finetune_file(tmp_path, task_from_options("regression"), empty, tiny_config, vocab_file)
+
+    hparams = tmp_path / "finetuning.json"
+    hparams.write_text('{"learning_rate": -1}')
+    with pytest.raises(ConfigError, match=rf"{hparams}: FinetuningConfig.learning_rate: must be > 0"):
+        FinetuningConfig.from_json(hparams)
+    with pytest.raises(ConfigError, match="FinetuningConfig.train_batch_size: must be an integer"):
+        FinetuningConfig(train_batch_size=1.5)
+
+    head_config = tmp_path / "best" / "head_config.json"
+    head_config.parent.mkdir()
+    head_config.write_text('{"format": "electra_tf_finetuned",\n "kind": }')
+    with pytest.raises(ValueError, match=rf"{head_config}:2: not valid JSON"):
+        load_finetuned(tmp_path)
+
+
+def test_for_model_size_defaults():
+    assert FinetuningConfig.for_model_size("small", "sst-2").learning_rate == 1e-4
+    large = FinetuningConfig.for_model_size("large", "rte")
+    assert (large.learning_rate, large.layerwise_lr_decay, large.num_train_epochs) == (5e-5, 0.9, 10.0)
+    squad = FinetuningConfig.for_model_size("base", "squad2.0")
+    assert (squad.max_seq_length, squad.num_train_epochs, squad.layerwise_lr_decay) == (512, 2.0, 0.8)
+    base = FinetuningConfig.for_model_size("base", "mnli")
+    assert (base.train_batch_size, base.warmup_proportion, base.weight_decay, base.max_seq_length,
+            base.num_train_epochs) == (32, 0.1, 0.01, 128, 3.0)
+    with pytest.raises(ConfigError, match="model_size"):
+        FinetuningConfig.for_model_size("huge")
+
+
+# ---------------------------------------------------------------------------------------
+# The binary.
+# ---------------------------------------------------------------------------------------
+
+
+def _run_binary(*args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, "-m", "tools.finetune", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+SMALL_RUN = ["--max_train_examples=48", "--max_eval_examples=32", "--num_train_epochs=1",
+             "--train_batch_size=16", "--max_seq_length=32", "--log_every_steps=1"]
+
+
+@pytest.mark.slow  # two subprocess runs (TensorFlow start-up, 3 fine-tuning runs; ~60 s)
+def test_binary_seeds_median_checkpoint_and_random_init(pretrained_dir, tmp_path, tiny_config, vocab_file):
+    folder, _ = pretrained_dir
+    out = tmp_path / "ft"
+    proc = _run_binary("--task=rotten_tomatoes", f"--init_checkpoint={folder}", f"--model_dir={out}",
+                       "--num_seeds=2", "--seed=5", *SMALL_RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["num_seeds"] == 2 and results["seeds"] == [5, 6]
+    accuracies = [r["best"]["accuracy"] for r in results["runs"]]
+    assert results["summary"]["accuracy"]["median"] == pytest.approx(np.median(accuracies))
+    assert results["median"]["accuracy"] == results["summary"]["accuracy"]["median"]
+    assert {"min", "max", "std"} <= set(results["summary"]["accuracy"])
+    assert all((out / f"seed_{s}" / "best" / "head_config.json").exists() for s in (5, 6))
+    assert "median" in proc.stdout and "over 2 seed(s)" in proc.stdout
+    assert all(r["init_checkpoint"] == str(folder) for r in results["runs"])
+    head, info, _ = load_finetuned(out)  # the best seed
+    assert info["seed"] == max(results["runs"], key=lambda r: r["best"]["main"])["seed"]
+
+    config = tmp_path / "tiny.json"
+    tiny_config.to_json(config)
+    proc = _run_binary("--task=rotten_tomatoes", f"--config={config}", f"--vocab_file={vocab_file}",
+                       f"--model_dir={tmp_path / 'random'}", *SMALL_RUN)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads((tmp_path / "random" / "results.json").read_text())["runs"][0]
+    assert run["init_checkpoint"] is None and run["train_steps"] == 3
+
+
+def test_binary_reports_bad_input(tmp_path, vocab_file):
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\na fine film,pos\n")
+    proc = _run_binary("--task=classification", f"--train_file={train}", f"--eval_file={train}",
+                       "--text_column=review", "--config=electra_tiny", f"--vocab_file={vocab_file}",
+                       f"--model_dir={tmp_path / 'out'}")
+    assert proc.returncode != 0
+    assert f"{train}:1: field 'review': missing column" in proc.stderr
+
+
+@pytest.mark.slow  # two runs, one mirrored over the two logical CPUs of tests/conftest.py (~20 s)
+def test_mirrored_matches_one_device(tmp_path, tiny_config, vocab_file):
+    from electra_tf.training.strategy import create_strategy
+
+    config = tiny_config.replace(hidden_dropout=0.0, attention_dropout=0.0)  # no randomness
+    folder = tmp_path / "discriminator"
+    save_electra_checkpoint(Discriminator(config), config, folder, vocab_file=vocab_file)
+    fc = FC.replace(num_train_epochs=1, dropout=0.0)
+    runs = {}
+    for name in ("one_device", "mirrored"):
+        strategy = create_strategy(name)
+        if name == "mirrored" and strategy.num_replicas_in_sync < 2:
+            pytest.skip("needs two logical devices")
+        finetune("rotten_tomatoes", finetuning_config=fc, init_checkpoint=folder, strategy=strategy,
+                 model_dir=tmp_path / name, seed=1, max_train_examples=48, max_eval_examples=16)
+        head, _, _ = load_finetuned(tmp_path / name)
+        runs[name] = {v.path: v.numpy() for v in head.weights}
+    # Same global batches, per-replica losses scaled by the global batch: the same updates.
+    for path, value in runs["one_device"].items():
+        np.testing.assert_allclose(runs["mirrored"][path], value, atol=2e-5, err_msg=path)
