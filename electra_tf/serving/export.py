@@ -1,0 +1,659 @@
+"""Export a fine-tuned ELECTRA head as a TensorFlow Serving SavedModel that takes raw text.
+
+`export_finetuned(model_dir_or_best, export_base, model_name)` reads what the fine-tuning trainer
+saved (`trainer.load_finetuned`: head, `head_config.json`, `vocab.txt`) and writes, with
+`keras.export.ExportArchive`, `export_base/model_name/VERSION/` (the next free integer unless
+`version` is given; an existing version is never overwritten). The SavedModel is written to a
+hidden folder of `export_base` and renamed into place, so a server watching `BASE/NAME` never
+sees half a model (reference/serving.md: new version folders are picked up while serving).
+
+Signatures (every input and output has the batch first):
+
+- `serving_default`: raw UTF-8 text in, tokenized and packed in-graph as `features.py` does it
+  for training (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
+  fine-tuning `max_seq_length`):
+  - classification: `text` (+ `text_pair` for pair tasks) -> `probabilities` float32
+    [B, num_labels], `label` string [B];
+  - regression: `text` (+ `text_pair`) -> `score` float32 [B];
+  - tagging: `text` -> `labels` string [B, W] (one label per whitespace word, "" past a text's
+    words; W is the batch's largest `num_words`), `num_words` int32 [B] (words that fit);
+  - QA: `question`, `context` -> `answer` string [B], `start` / `end` int32 [B] (character
+    offsets of the best span in `context`, -1 if none), `score` float32 [B] (its start + end
+    log-probability) and, for SQuAD 2.0, `no_answer_score` float32 [B] (the answerability
+    logit; `answer` is "" when it exceeds the fine-tuning `null_score_diff_threshold`, while
+    `start` / `end` / `score` still describe the best span so a client can apply its own
+    threshold). One window of `max_seq_length` tokens: a context longer than that is cut, and
+    `features.featurize_qa`'s sliding windows are not used (see `ServingPreprocessor.pack_qa`).
+- `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] -> the head's raw outputs
+  (`logits`; regression `predictions`; QA `start_logits`, `start_top_index`, `end_logits`,
+  `answerable_logits`), for servers whose TF Text lacks the tokenizer ops; tokenize with
+  `assets/vocab.txt` on the client. QA needs S = `max_seq_length`.
+
+The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
+inside the WordPiece op's model buffer; label names are graph constants.
+
+Custom ops: the export lists the non-core ops in the SavedModel's graph and its function library
+(`saved_model_ops`), looks each one up in `TF_TEXT_OP_INTRODUCED` and reports the oldest TF Serving
+release whose bundled TF Text has them all (`custom_op_report`). It prints the report and writes
+it to `VERSION/assets.extra/electra_export.json` (TF Serving ignores `assets.extra`). The
+tokenizer here is `WordpieceTokenizer` with its WordPiece step on `FastWordpieceTokenizer` alone:
+`FastBertTokenizer` would add `FastBertNormalize` (TF Text 2.9), which only maps control
+characters to spaces, and our normalisation has already deleted them (`ServingTokenizer`).
+Pair truncation is plain TF (no `TFText>RoundRobinTrim`, TF Text 2.12). The result loads on TF
+Serving 2.11 and later as far as TF Text ops go; core TF ops are listed but not version-checked.
+
+Example:
+    path = export_finetuned("ft/rt", "/tmp/export", "electra")     # /tmp/export/electra/1
+    # tensorflow_model_server --model_base_path=/tmp/export/electra --model_name=electra ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Mapping
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
+
+EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
+SERVE_IDS = "serve_ids"
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
+# Python's str.split() whitespace: \s of RE2 is ASCII only, so list Python's set (str.isspace:
+# bidi classes WS/B/S and category Zs) explicitly; \p{Z} adds U+2028/2029, which split too.
+_SPLIT_WHITESPACE = r"[\t\n\x{0b}\x{0c}\r\x{1c}-\x{1f}\x{85}\p{Z}]+"
+# features._context_words (the original SQuAD reader): ASCII blanks and NARROW NO-BREAK SPACE.
+_CONTEXT_WHITESPACE = (" ", "\t", "\r", "\n", "\u202f")
+
+
+# ---------------------------------------------------------------------------------------
+# Which TF Serving can load the export.
+# ---------------------------------------------------------------------------------------
+
+# Every op tensorflow-text 2.21 registers -> the first TF Text release whose sources register it.
+# Source: the tensorflow/text repository at its release tags (v2.0.0, v2.2.0, v2.3.0, v2.4.1,
+# v2.5.0 ... v2.20.0), searching tensorflow_text/core/{ops,kernels} for the op's registered name
+# (`REGISTER_OP("...")` in ops/*.cc, `kOpName[] = "..."` in kernels/*_kernel_template.h). "2.0.0"
+# means "2.0.0 or earlier" (the oldest tag searched); v2.1.0 and v2.4.0 have no tag, so ops first
+# seen at v2.2.0 / v2.4.1 may be one release older. Signatures of the ops this exporter uses are
+# unchanged since (FastWordpieceTokenizeWithOffsets: inputs input_values, wp_model at v2.7.0 and
+# v2.20.0; NormalizeUTF8: same REGISTER_OP at v2.0.0 and v2.20.0).
+TF_TEXT_OP_INTRODUCED = {
+    "CaseFoldUTF8": "2.0.0",  # core/ops/normalize_ops.cc
+    "ConstrainedSequence": "2.0.0",  # core/kernels/constrained_sequence_kernel.cc
+    "NormalizeUTF8": "2.0.0",  # core/ops/normalize_ops.cc
+    "RegexSplitWithOffsets": "2.0.0",  # core/kernels/regex_split_kernels.cc
+    "RougeL": "2.0.0",  # core/kernels/rouge_l_kernel.cc
+    "SentenceFragments": "2.0.0",  # core/kernels/sentence_breaking_kernels.cc
+    "SentencepieceDetokenizeOp": "2.0.0",  # core/kernels/sentencepiece_kernels.cc
+    "SentencepieceIdToStringOp": "2.0.0",
+    "SentencepieceOp": "2.0.0",
+    "SentencepieceTokenizeOp": "2.0.0",
+    "SentencepieceTokenizeWithOffsetsOp": "2.0.0",
+    "SentencepieceVocabSizeOp": "2.0.0",
+    "UnicodeScriptTokenizeWithOffsets": "2.0.0",  # core/kernels/unicode_script_tokenize_kernel.cc
+    "WhitespaceTokenizeWithOffsets": "2.0.0",  # core/kernels/whitespace_tokenize_kernel.cc
+    "WordpieceTokenizeWithOffsets": "2.0.0",  # core/kernels/wordpiece_kernel.cc (BertTokenizer)
+    "MaxSpanningTree": "2.2.0",  # core/kernels/mst_op_kernels.cc
+    "SplitMergeTokenizeWithOffsets": "2.2.0",  # core/kernels/split_merge_tokenize_kernel.cc
+    "FindSourceOffsets": "2.4.1",  # core/kernels/normalize_kernels.cc
+    "NormalizeUTF8WithOffsetsMap": "2.4.1",  # core/kernels/normalize_kernels.cc
+    "SentenceFragmentsV2": "2.4.1",  # core/kernels/sentence_breaking_kernels_v2.cc
+    "SentencepieceStringToIdOp": "2.4.1",  # core/kernels/sentencepiece_kernels.cc
+    "TokenizerFromLogits": "2.4.1",  # core/kernels/tokenizer_from_logits_kernel.cc
+    "FastWordpieceTokenizeWithOffsets": "2.7.0",  # core/kernels/fast_wordpiece_tokenizer_kernel_template.h
+    "TFText>FastWordpieceDetokenize": "2.7.0",  # same file
+    "TFText>WhitespaceTokenizeWithOffsetsV2": "2.7.0",  # core/kernels/whitespace_tokenizer_kernel_template.h
+    "FastBertNormalize": "2.9.0",  # core/kernels/fast_bert_normalizer_kernel_template.h
+    "TFText>NgramsStringJoin": "2.9.0",  # core/kernels/ngrams_kernel_template.h
+    "TFText>ByteSplitWithOffsets": "2.10.0",  # core/kernels/byte_splitter_kernel_template.h
+    "TFText>FastSentencepieceDetokenize": "2.10.0",  # core/kernels/sentencepiece/py_tflite_registerer.cc
+    "TFText>FastSentencepieceTokenize": "2.10.0",
+    "TFText>OffsetsToBoiseTags": "2.11.0",  # core/kernels/boise_offset_converter_kernel_template.h
+    "TFText>BoiseTagsToOffsets": "2.12.0",  # same file
+    "TFText>ByteSplitByOffsets": "2.12.0",  # core/kernels/byte_splitter_kernel_template.h
+    "PhraseTokenize": "2.12.0",  # core/kernels/phrase_tokenizer_kernel_template.h
+    "TFText>PhraseDetokenize": "2.12.0",
+    "TFText>RoundRobinGenerateMasks": "2.12.0",  # core/kernels/round_robin_trimmer_kernel_template.h
+    "TFText>RoundRobinTrim": "2.12.0",
+    "TFText>Utf8Binarize": "2.13.0",  # core/kernels/utf8_binarize_kernel_template.h
+}
+
+# TF Serving release -> the TF Text it links, oldest first (reference/serving.md).
+TF_SERVING_TF_TEXT = (
+    ("2.11", "2.8.2"),
+    ("2.12.0", "2.12.1"),  # 2.12.0 to 2.19.1 all bundle 2.12.1
+    ("2.20.0", "2.20.0"),
+)
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _read_saved_model(export_path: str):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved_model = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(os.path.join(export_path, "saved_model.pb"), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    return saved_model
+
+
+def saved_model_ops(export_path: str) -> set[str]:
+    """Every op type in the SavedModel: its graphs' nodes and their function libraries."""
+    ops = set()
+    for meta_graph in _read_saved_model(export_path).meta_graphs:
+        ops.update(node.op for node in meta_graph.graph_def.node)
+        for function in meta_graph.graph_def.library.function:
+            ops.update(node.op for node in function.node_def)
+    return ops
+
+
+def custom_op_report(ops) -> dict:
+    """Which of `ops` are not core TensorFlow, and the oldest TF Serving that has them all.
+
+    An op is core when `tf.raw_ops` has it. A non-core op missing from `TF_TEXT_OP_INTRODUCED`
+    makes the answer unknown (`oldest_tf_serving` None, listed in `unknown_ops`).
+    """
+    custom = sorted(op for op in ops if not hasattr(tf.raw_ops, op))
+    text_ops = {op: TF_TEXT_OP_INTRODUCED[op] for op in custom if op in TF_TEXT_OP_INTRODUCED}
+    unknown = [op for op in custom if op not in TF_TEXT_OP_INTRODUCED]
+    needed = max((_version_tuple(v) for v in text_ops.values()), default=(0,))
+    oldest = None
+    if not unknown:
+        for serving, text in TF_SERVING_TF_TEXT:
+            if _version_tuple(text) >= needed:
+                oldest = {"tf_serving": serving, "bundled_tf_text": text}
+                break
+    return {
+        "custom_ops": [{"op": op, "library": "tensorflow_text", "tf_text_introduced": v}
+                       for op, v in sorted(text_ops.items())],
+        "unknown_ops": unknown,
+        "needs_tf_text": ".".join(map(str, needed)) if text_ops else None,
+        "oldest_tf_serving": oldest["tf_serving"] if oldest else None,
+        "oldest_tf_serving_tf_text": oldest["bundled_tf_text"] if oldest else None,
+        "core_ops": sorted(op for op in ops if op not in custom),
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# In-graph text -> model inputs (what features.py does in Python).
+# ---------------------------------------------------------------------------------------
+
+
+class ServingTokenizer(WordpieceTokenizer):
+    """`WordpieceTokenizer` whose WordPiece step is `FastWordpieceTokenizer` (TF Text 2.7).
+
+    `FastBertTokenizer` = `FastBertNormalizer` + this; with `lower_case_nfd_strip_accents=False`
+    that normaliser only maps \\p{Cc}|\\p{Cf} to spaces (tensorflow/text
+    core/kernels/fast_bert_normalizer_model_builder.cc), and `normalize` has already deleted
+    every category-C character except tab/newline/CR, which the pre-tokenizer splits on anyway.
+    Dropping it keeps the ids and offsets and removes the one op TF Serving 2.11 lacks.
+    """
+
+    def __init__(self, vocab_file, lower_case: bool = True):
+        super().__init__(vocab_file, lower_case)
+        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=MAX_BYTES_PER_WORD,
+            token_out_type=tf.int64,
+            unknown_token="[UNK]",
+            no_pretokenization=False,  # split on whitespace and punctuation, as BERT does
+            support_detokenization=False,
+        )
+
+
+def _keep_first(ragged: tf.RaggedTensor, counts) -> tf.RaggedTensor:
+    """The first `counts[i]` items of row i of a [B, (n)] ragged tensor."""
+    lengths = ragged.row_lengths()
+    counts = tf.minimum(tf.cast(counts, lengths.dtype), lengths)
+    keep = tf.ragged.range(lengths).flat_values < tf.repeat(counts, lengths)
+    return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(ragged.flat_values, keep), counts)
+
+
+def truncated_pair_lengths(len_a, len_b, budget):
+    """`features.truncate_seq_pair` in closed form: pop from the longer (B on ties) until
+    len_a + len_b <= budget. Returns the kept lengths."""
+    keep_a = tf.minimum(len_a, tf.maximum(budget - len_b, (budget + 1) // 2))
+    return keep_a, tf.minimum(len_b, budget - keep_a)
+
+
+class ServingPreprocessor(tf.Module):
+    """Raw text -> int32 `input_ids` / `input_mask` / `segment_ids` [B, max_seq_length] in-graph.
+
+    Gives the arrays of `features.featurize_sentences` / `featurize_tagging` / the first window
+    of `featurize_qa` for the same text, with core TF ops plus the tokenizer's TF Text ops.
+
+    Args:
+      vocab_file: the fine-tuning vocabulary (also saved as the asset `vocab.txt`).
+      max_seq_length: the fine-tuning sequence length.
+      lower_case: uncased normalisation (the fine-tuning tokenizer's).
+    """
+
+    def __init__(self, vocab_file: str, max_seq_length: int, lower_case: bool = True):
+        super().__init__(name="serving_preprocessor")
+        self.tokenizer = ServingTokenizer(vocab_file, lower_case)
+        self.max_seq_length = int(max_seq_length)
+        # id -> token, initialised from the vocab file: makes vocab.txt a SavedModel asset.
+        self.vocab_table = tf.lookup.StaticHashTable(
+            tf.lookup.TextFileInitializer(
+                os.fspath(vocab_file), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
+                tf.string, tf.lookup.TextFileIndex.WHOLE_LINE),
+            default_value="[UNK]")
+
+    # ---- layout ---------------------------------------------------------------------------
+
+    def _pack(self, first: tf.RaggedTensor, second: tf.RaggedTensor | None) -> dict:
+        """[CLS] first [SEP] (second [SEP]), padded with [PAD] to max_seq_length."""
+        batch = first.nrows()
+        tok = self.tokenizer
+
+        def column(value):  # [B, (1)]
+            return tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(value, tf.int64)))
+
+        ids = [column(tok.cls_id), first, column(tok.sep_id)]
+        segments = [tf.zeros_like(part) for part in ids]
+        if second is not None:
+            ids += [second, column(tok.sep_id)]
+            segments += [tf.ones_like(second), tf.ones_like(ids[-1])]
+        ids = tf.concat(ids, axis=1)
+        shape = [None, self.max_seq_length]
+        return {
+            "input_ids": tf.cast(ids.to_tensor(default_value=tok.pad_id, shape=shape), tf.int32),
+            "input_mask": tf.cast(tf.ones_like(ids).to_tensor(shape=shape), tf.int32),
+            "segment_ids": tf.cast(tf.concat(segments, axis=1).to_tensor(shape=shape), tf.int32),
+        }
+
+    # ---- sentence tasks -------------------------------------------------------------------
+
+    def pack_sentences(self, text, text_pair=None) -> dict:
+        """`featurize_sentences`: tf.string [B] (and [B]) -> model inputs."""
+        a = self.tokenizer.tokenize(text)
+        if text_pair is None:
+            return self._pack(_keep_first(a, self.max_seq_length - 2), None)
+        b = self.tokenizer.tokenize(text_pair)
+        keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(),
+                                                tf.constant(self.max_seq_length - 3, tf.int64))
+        return self._pack(_keep_first(a, keep_a), _keep_first(b, keep_b))
+
+    # ---- tagging --------------------------------------------------------------------------
+
+    def _word_pieces(self, words: tf.Tensor, with_offsets: bool = False):
+        """Pieces per word [W, (P)], [UNK] for a word that normalises to nothing (as
+        `featurize_tagging` / `featurize_qa` do); with_offsets: also [start, end) bytes in the
+        word, the whole word for such an [UNK]."""
+        if with_offsets:
+            ids, starts, ends = self.tokenizer.tokenize_with_offsets(words)
+        else:
+            ids = self.tokenizer.tokenize(words)
+        lengths = ids.row_lengths()
+        counts = tf.where(tf.equal(lengths, 0), tf.ones_like(lengths), lengths)
+
+        def then(ragged, value):  # row + [value], then cut to `counts`
+            column = tf.RaggedTensor.from_tensor(tf.expand_dims(tf.cast(value, tf.int64), 1))
+            return _keep_first(tf.concat([ragged, column], axis=1), counts)
+
+        ids = then(ids, tf.fill([tf.size(words)], self.tokenizer.unk_id))
+        if not with_offsets:
+            return ids
+        return ids, then(starts, tf.zeros([tf.size(words)], tf.int64)), then(ends, tf.strings.length(words))
+
+    def pack_tagging(self, text) -> tuple[dict, tf.Tensor, tf.Tensor]:
+        """`featurize_tagging` on `text.split()`: returns (inputs, word_positions [B, W] of each
+        kept word's first piece, num_words [B])."""
+        words = tf.strings.split(tf.strings.regex_replace(text, _SPLIT_WHITESPACE, " "))  # [B, (W)]
+        pieces = self._word_pieces(words.flat_values)  # [W_total, (P)]
+        lengths = words.with_flat_values(pieces.row_lengths()).to_tensor()  # [B, W]
+        is_word = words.with_flat_values(tf.ones_like(words.flat_values, tf.bool)).to_tensor(False)
+        ends = tf.math.cumsum(lengths, axis=1)
+        fits = is_word & (ends <= self.max_seq_length - 2)  # a prefix: ends only grow
+        num_words = tf.reduce_sum(tf.cast(fits, tf.int32), axis=1)
+        kept_word = tf.ragged.boolean_mask(is_word & fits, is_word).flat_values  # per word of words
+        kept = tf.RaggedTensor.from_row_lengths(tf.ragged.boolean_mask(pieces, kept_word), tf.cast(num_words, tf.int64))
+        inputs = self._pack(kept.merge_dims(1, 2), None)
+        positions = tf.where(fits, ends - lengths + 1, 0)[:, : tf.reduce_max(tf.concat([num_words, [0]], 0))]
+        return inputs, tf.cast(positions, tf.int32), num_words
+
+    # ---- span QA --------------------------------------------------------------------------
+
+    def _context_pieces(self, context):
+        """Context pieces [B, (P)] with their [start, end) byte and character offsets, words
+        split like `features._context_words`."""
+        chars, char_bytes = tf.strings.unicode_split_with_offsets(context, "UTF-8")  # [B, (C)]
+        flat = chars.flat_values
+        is_space = tf.reduce_any(tf.equal(flat[:, None], tf.constant(_CONTEXT_WHITESPACE)), axis=1)
+        row = chars.value_rowids()
+        index_in_row = tf.range(tf.size(flat, out_type=tf.int64)) - tf.gather(chars.row_starts(), row)
+        previous_is_space = tf.concat([[True], is_space], 0)[:-1] | tf.equal(index_in_row, 0)
+        starts_word = ~is_space & previous_is_space
+        word_of_char = tf.math.cumsum(tf.cast(starts_word, tf.int64)) - 1
+        num_words = tf.reduce_sum(tf.cast(starts_word, tf.int64))
+        words = tf.strings.unsorted_segment_join(
+            tf.boolean_mask(flat, ~is_space), tf.boolean_mask(word_of_char, ~is_space), num_words)
+        word_row = tf.boolean_mask(row, starts_word)
+        word_byte = tf.boolean_mask(char_bytes.flat_values, starts_word)
+        ids, starts, ends = self._word_pieces(words, with_offsets=True)  # [W, (P)], bytes in the word
+        word_byte = tf.repeat(word_byte, ids.row_lengths())
+        words_per_row = tf.math.bincount(word_row, minlength=chars.nrows(), maxlength=chars.nrows(), dtype=tf.int64)
+
+        def by_row(per_word):  # [W, (P)] -> [B, (P)]
+            return tf.RaggedTensor.from_row_lengths(per_word, words_per_row).merge_dims(1, 2)
+
+        byte_start = by_row(starts.with_flat_values(starts.flat_values + word_byte))
+        byte_end = by_row(ends.with_flat_values(ends.flat_values + word_byte))
+        ids = by_row(ids)
+        # Byte offset -> number of characters before it (features: decode the bytes, count).
+        char_starts = char_bytes.to_tensor(default_value=tf.int64.max)  # [B, C]
+
+        def to_chars(offsets):
+            dense = tf.searchsorted(char_starts, offsets.to_tensor(), side="left", out_type=tf.int64)
+            return tf.RaggedTensor.from_tensor(dense, lengths=offsets.row_lengths())
+
+        return ids, byte_start, byte_end, to_chars(byte_start), to_chars(byte_end)
+
+    def pack_qa(self, question, context, max_query_length: int):
+        """The first window of `featurize_qa`: `[CLS] question [SEP] context [SEP]`, the question
+        cut to `max_query_length` pieces and the context to what is left of max_seq_length.
+        A longer context is cut (the Python path slides windows with a doc stride instead).
+
+        Returns (inputs, spans) with spans["byte_start" | "byte_end" | "char_start" |
+        "char_end"] int64 [B, P] per kept context piece and spans["doc_offset"] [B], the
+        position of the first context piece.
+        """
+        query = _keep_first(self.tokenizer.tokenize(question), max_query_length)
+        ids, byte_start, byte_end, char_start, char_end = self._context_pieces(context)
+        budget = self.max_seq_length - 3 - query.row_lengths()
+        kept = [_keep_first(r, budget) for r in (ids, byte_start, byte_end, char_start, char_end)]
+        spans = {name: r.to_tensor(default_value=-1) for name, r in
+                 zip(("byte_start", "byte_end", "char_start", "char_end"), kept[1:])}
+        spans["doc_offset"] = query.row_lengths() + 2
+        return self._pack(query, kept[0]), spans
+
+
+# ---------------------------------------------------------------------------------------
+# Outputs.
+# ---------------------------------------------------------------------------------------
+
+
+def _log_softmax_over(logits, allowed):
+    """log-softmax over the `allowed` positions of the last axis; -inf elsewhere
+    (features.postprocess_qa's `_log_softmax`)."""
+    return tf.nn.log_softmax(tf.where(allowed, logits, tf.constant(-float("inf"), logits.dtype)), axis=-1)
+
+
+def best_spans(outputs: Mapping[str, tf.Tensor], inputs: Mapping[str, tf.Tensor], *,
+               n_best_size: int, max_answer_length: int):
+    """`features.postprocess_qa` on one window per example, in-graph: the top starts (the head's
+    `start_top_index`, rank k conditioning end row k) x the top `n_best_size` ends of each row;
+    both inside the context, end >= start, at most `max_answer_length` tokens; best by start +
+    end log-probability. Returns (start position, end position, score, found) each [B]."""
+    mask = tf.cast(inputs["input_mask"], tf.bool)
+    seq_length = tf.shape(mask)[1]
+    position = tf.range(seq_length)[None, :]
+    length = tf.reduce_sum(inputs["input_mask"], axis=1, keepdims=True)
+    allowed = mask & tf.equal(inputs["segment_ids"], 1) & (position < length - 1)  # context pieces
+    allowed_or_cls = allowed | tf.equal(position, 0)
+
+    starts = outputs["start_top_index"][:, :n_best_size]  # [B, K]
+    start_lp = tf.gather(_log_softmax_over(outputs["start_logits"], allowed_or_cls), starts, batch_dims=1)
+    end_lp = _log_softmax_over(outputs["end_logits"][:, :n_best_size], allowed_or_cls[:, None, :])  # [B, K, S]
+    end_lp, ends = tf.math.top_k(end_lp, k=tf.minimum(n_best_size, seq_length))  # [B, K, N]
+    start_ok = tf.gather(allowed, starts, batch_dims=1)[:, :, None]
+    end_ok = tf.gather(allowed, tf.reshape(ends, [tf.shape(ends)[0], -1]), batch_dims=1)
+    end_ok = tf.reshape(end_ok, tf.shape(ends))
+    valid = (start_ok & end_ok & (ends >= starts[:, :, None])
+             & (ends - starts[:, :, None] + 1 <= max_answer_length))
+    score = tf.where(valid, start_lp[:, :, None] + end_lp, -float("inf"))
+    flat = tf.reshape(score, [tf.shape(score)[0], -1])
+    best = tf.argmax(flat, axis=1, output_type=tf.int32)  # first of equals, as the stable sort
+    n_ends = tf.shape(ends)[2]
+    start = tf.gather(starts, best // n_ends, batch_dims=1)
+    end = tf.gather(tf.reshape(ends, [tf.shape(ends)[0], -1]), best, batch_dims=1)
+    found = tf.reduce_any(tf.reshape(valid, [tf.shape(valid)[0], -1]), axis=1)
+    return start, end, tf.gather(flat, best, batch_dims=1), found
+
+
+def _class_names(info: Mapping[str, Any], num_labels: int) -> list[str]:
+    names = info.get("label_names") or [str(i) for i in range(num_labels)]
+    if len(names) != num_labels:
+        raise ValueError(f"head_config.json: {len(names)} label_names for a head with {num_labels} labels")
+    return [str(n) for n in names]
+
+
+def is_pair_task(info: Mapping[str, Any]) -> bool:
+    """Whether a sentence task takes a text pair: `head_config.json`'s "text_pair" (or
+    "text_pair_column") when recorded, else the predefined task's definition, else False."""
+    for key in ("text_pair", "pair"):
+        if key in info and info[key] is not None:
+            return bool(info[key])
+    if "text_pair_column" in info:
+        return info["text_pair_column"] is not None
+    from electra_tf.finetune.task_data import get_task
+
+    try:
+        return get_task(str(info.get("task"))).text_pair_column is not None
+    except ValueError:
+        return False
+
+
+def _string_specs(*names):
+    return [tf.TensorSpec([None], tf.string, name=n) for n in names]
+
+
+def _signatures(head, info: Mapping[str, Any], pre: ServingPreprocessor, pair: bool):
+    """{name: (fn, input_signature)} for serving_default and serve_ids."""
+    kind = head.kind
+    seq = pre.max_seq_length if kind == "qa" else None  # the QA head's top-k needs S >= beam
+    ids_spec = [tf.TensorSpec([None, seq], tf.int32, name=k) for k in INPUT_KEYS]
+
+    def serve_ids(input_ids, input_mask, segment_ids):
+        outputs = head({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
+                       training=False)
+        return dict(outputs)
+
+    if kind in ("classification", "regression"):
+        names = tf.constant(_class_names(info, head.num_labels)) if kind == "classification" else None
+
+        def sentence_outputs(inputs):
+            outputs = head(inputs, training=False)
+            if kind == "regression":
+                return {"score": outputs["predictions"]}
+            probabilities = tf.nn.softmax(outputs["logits"], axis=-1)
+            return {"probabilities": probabilities,
+                    "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
+
+        if pair:
+            def serve_text(text, text_pair):
+                return sentence_outputs(pre.pack_sentences(text, text_pair))
+            text_spec = _string_specs("text", "text_pair")
+        else:
+            def serve_text(text):
+                return sentence_outputs(pre.pack_sentences(text))
+            text_spec = _string_specs("text")
+
+    elif kind == "tagging":
+        names = tf.constant(_class_names(info, head.num_labels))
+
+        def serve_text(text):
+            inputs, positions, num_words = pre.pack_tagging(text)
+            predicted = tf.argmax(head(inputs, training=False)["logits"], axis=-1)  # [B, S]
+            labels = tf.gather(names, tf.gather(predicted, positions, batch_dims=1))
+            is_word = tf.range(tf.shape(positions)[1])[None, :] < num_words[:, None]
+            return {"labels": tf.where(is_word, labels, ""), "num_words": num_words}
+        text_spec = _string_specs("text")
+
+    elif kind == "qa":
+        qa = info.get("qa") or {}
+        n_best = int(qa.get("n_best_size", 20))
+        max_answer = int(qa.get("max_answer_length", 30))
+        version_2 = bool(qa.get("version_2", False))
+        threshold = float(qa.get("null_score_diff_threshold", -2.75))
+        max_query = int(qa.get("max_query_length", 64))
+        if version_2 and not getattr(head, "answerable_classifier", False):
+            raise ValueError("a SQuAD 2.0 export needs the head's answerability classifier")
+        n_best = min(n_best, head.beam_size)  # end rows exist for the head's top beam_size starts
+
+        def serve_text(question, context):
+            inputs, spans = pre.pack_qa(question, context, max_query)
+            outputs = head(inputs, training=False)
+            start, end, score, found = best_spans(outputs, inputs, n_best_size=n_best,
+                                                  max_answer_length=max_answer)
+            first = tf.cast(start, tf.int64) - spans["doc_offset"]  # context piece indices
+            last = tf.cast(end, tf.int64) - spans["doc_offset"]
+            first, last = tf.maximum(first, 0), tf.maximum(last, 0)
+
+            def at(name, index):
+                return tf.gather(spans[name], index, batch_dims=1)
+
+            byte_start, byte_end = at("byte_start", first), at("byte_end", last)
+            answer = tf.strings.substr(context, byte_start, byte_end - byte_start, unit="BYTE")
+            result = {
+                "answer": tf.where(found, answer, ""),
+                "start": tf.cast(tf.where(found, at("char_start", first), -1), tf.int32),
+                "end": tf.cast(tf.where(found, at("char_end", last), -1), tf.int32),
+                "score": tf.where(found, score, tf.float32.min),
+            }
+            if version_2:
+                no_answer = outputs["answerable_logits"]
+                result["no_answer_score"] = no_answer
+                result["answer"] = tf.where(no_answer > threshold, "", result["answer"])
+            return result
+        text_spec = _string_specs("question", "context")
+    else:
+        raise ValueError(f"unknown head kind {kind!r}")
+    return {"serving_default": (serve_text, text_spec), SERVE_IDS: (serve_ids, ids_spec)}
+
+
+# ---------------------------------------------------------------------------------------
+# Writing BASE/NAME/VERSION.
+# ---------------------------------------------------------------------------------------
+
+
+def next_version(model_base: str) -> int:
+    """1 + the highest numbered version folder in `model_base` (1 if none)."""
+    versions = [int(d) for d in (os.listdir(model_base) if os.path.isdir(model_base) else ())
+                if d.isdigit() and int(d) > 0]
+    return max(versions, default=0) + 1
+
+
+def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str, model_name: str,
+                version: int | None = None, pair: bool | None = None, verbose: bool = True) -> str:
+    """Export a fine-tuning head (`heads.py`) with its `head_config.json` fields.
+
+    Args:
+      head: a built head (`SentenceClassifier`, `SentenceRegressor`, `TokenTagger`,
+        `SpanQuestionAnswerer`).
+      info: the `head_config.json` dict (`trainer.save_finetuned`); read here: "max_seq_length",
+        "lower_case", "label_names", "task", "qa" (QA options).
+      vocab_file: the vocabulary the head was fine-tuned with.
+      export_base, model_name: the SavedModel goes to `export_base/model_name/VERSION`.
+      version: positive integer; default the next free one. An existing version is an error.
+      pair: sentence tasks: take `text_pair` too; default `is_pair_task(info)`.
+      verbose: print where the model went and the custom-op report.
+
+    Returns:
+      The path of the new version folder.
+    """
+    model_base = os.path.join(export_base, model_name)
+    if version is not None and (int(version) <= 0 or int(version) != version):
+        raise ValueError(f"version must be a positive integer, got {version!r}")
+    if version is not None and os.path.exists(os.path.join(model_base, str(version))):
+        raise FileExistsError(f"{os.path.join(model_base, str(version))} exists; versions are never overwritten")
+    os.makedirs(model_base, exist_ok=True)
+    if pair is None:
+        pair = head.kind in ("classification", "regression") and is_pair_task(info)
+
+    import keras
+
+    pre = ServingPreprocessor(vocab_file, int(info["max_seq_length"]), bool(info.get("lower_case", True)))
+    archive = keras.export.ExportArchive()
+    archive.track(head)
+    archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
+    signatures = _signatures(head, info, pre, pair)
+    for name, (fn, spec) in signatures.items():
+        archive.add_endpoint(name, fn, input_signature=spec)
+
+    # Write beside BASE/NAME, then rename into it: a polling server never sees half a model.
+    staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
+    try:
+        archive.write_out(staging, verbose=False)
+        report = {
+            "model_name": model_name,
+            "kind": head.kind,
+            "task": info.get("task"),
+            "max_seq_length": pre.max_seq_length,
+            "text_pair": bool(pair),
+            "label_names": info.get("label_names"),
+            "signatures": _signature_summary(staging),
+            "tensorflow": tf.__version__,
+            "tensorflow_text": tf_text.__version__,
+            **custom_op_report(saved_model_ops(staging)),
+        }
+        while True:
+            target_version = version if version is not None else next_version(model_base)
+            target = os.path.join(model_base, str(target_version))
+            report["version"] = target_version
+            os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
+            with open(os.path.join(staging, EXPORT_REPORT), "w", encoding="utf-8") as f:
+                json.dump(report, f, indent=2)
+                f.write("\n")
+            try:
+                os.mkdir(target)  # claims the version; fails if another export got there first
+            except FileExistsError:
+                if version is not None:
+                    raise FileExistsError(f"{target} exists; versions are never overwritten") from None
+                continue
+            os.rename(staging, target)  # replaces the empty folder just made, atomically
+            break
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if verbose:
+        print(format_report(target, report))
+    return target
+
+
+def _signature_summary(export_path: str) -> dict:
+    """{signature: {"inputs": {name: "dtype[shape]"}, "outputs": {...}}} as written."""
+    def describe(info):
+        dims = ["?" if d.size < 0 else str(d.size) for d in info.tensor_shape.dim]
+        return f"{tf.as_dtype(info.dtype).name}[{', '.join(dims)}]"
+
+    summary = {}
+    for name, sig in sorted(_read_saved_model(export_path).meta_graphs[0].signature_def.items()):
+        if not name.startswith("__"):
+            summary[name] = {"inputs": {k: describe(v) for k, v in sorted(sig.inputs.items())},
+                             "outputs": {k: describe(v) for k, v in sorted(sig.outputs.items())}}
+    return summary
+
+
+def format_report(path: str, report: Mapping[str, Any]) -> str:
+    ops = ", ".join(f"{o['op']} (TF Text {o['tf_text_introduced']})" for o in report["custom_ops"]) or "none"
+    lines = [f"Exported {report['kind']} model to {path}",
+             f"  signatures: " + "; ".join(f"{name}({', '.join(sig['inputs'])}) -> {', '.join(sig['outputs'])}"
+                                          for name, sig in report["signatures"].items()),
+             f"  custom ops: {ops}"]
+    if report["unknown_ops"]:
+        lines.append(f"  ops of unknown origin: {', '.join(report['unknown_ops'])} (TF Serving compatibility unknown)")
+    if report["oldest_tf_serving"]:
+        lines.append(f"  oldest TF Serving with these TF Text ops: {report['oldest_tf_serving']} "
+                     f"(bundles TF Text {report['oldest_tf_serving_tf_text']}); older servers: "
+                     f"no TF Text, use signature {SERVE_IDS!r} with an ids-only export")
+    return "\n".join(lines)
+
+
+def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
+                     version: int | None = None, pair: bool | None = None, verbose: bool = True) -> str:
+    """Export what `trainer.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
+    `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
+    from electra_tf.finetune.trainer import load_finetuned
+
+    head, info, vocab_file = load_finetuned(model_dir_or_best)
+    return export_head(head, info, vocab_file, export_base, model_name, version=version, pair=pair,
+                       verbose=verbose)

@@ -1,0 +1,461 @@
+"""electra_tf.serving.export: every head exported, loaded in a process that imports only
+tensorflow + tensorflow_text, and compared with the in-process Keras model on the inputs
+`features.py` builds for the same text; the custom-op report; versions; a real server.
+
+The heads are random-initialised tiny models whose output layers get large weights, so that
+one token more or less changes the outputs far beyond the tolerances.
+"""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from electra_tf.config import ElectraConfig
+from electra_tf.data.tokenizer import WordpieceTokenizer
+from electra_tf.finetune import features as F
+from electra_tf.finetune.config import FinetuningConfig
+from electra_tf.finetune.heads import SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger
+from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample, Task, get_task
+from electra_tf.finetune.trainer import save_finetuned
+from electra_tf.serving import export as E
+
+SEQ = 24
+QA_SEQ = 40
+WORDS = ("the a movie film great bad good is was not very it plays play actor story what who "
+         "which , . ! ? ' ##s ##ed ##ing ##ly un like long short é").split()
+
+SENTENCES = ["The movie was great!", "not a good film , very bad .", "", "Naïve café\tplays  unlikely",
+             "what a long long long long long long story it is , the actor plays very well"]
+PAIRS = ["it is bad", "", "great", "the film plays well", "short"]
+TAGGING = ["The movie was great !", "unlikely plays é \u0301 x", "", "   spaced\u3000out  words ",
+           "a b c d e f g h i j k l m n o p q r s t u v w"]
+QA = [("what is the movie ?", "The movie was great , not bad . The actor plays well ."),
+      ("who plays ?", "An actor plays\u202fthe lead; the story is short."),
+      ("which film ?", "Naïve café films are unlikely to play long"),
+      ("what ?", "")]
+
+
+# ---------------------------------------------------------------------------------------
+# Fixtures: vocabulary, heads saved as fine-tuning output, their exports.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab_file(tmp_path_factory):
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars), *WORDS]
+    path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    path.write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(vocab_file):
+    return WordpieceTokenizer(vocab_file)
+
+
+def _amplify(head, seed):
+    """Large random weights on the head's own layers: outputs react strongly to the inputs."""
+    rng = np.random.default_rng(seed)
+    for layer in head.layers:
+        if layer is not head.encoder and getattr(layer, "kernel", None) is not None:
+            layer.kernel.assign(rng.normal(0.0, 1.0, layer.kernel.shape).astype("float32"))
+
+
+def _inputs(arrays):
+    return {k: tf.constant(arrays[k]) for k in E.INPUT_KEYS}
+
+
+def _numpy(outputs):
+    return {k: np.asarray(v) for k, v in outputs.items()}
+
+
+class Case:
+    """One head: its fine-tuning folder, its export, what to send and what to expect."""
+
+    def __init__(self, name, head, task, fc, label_names, text_inputs, ids):
+        self.name, self.head, self.task, self.fc = name, head, task, fc
+        self.label_names, self.text_inputs, self.ids = label_names, text_inputs, ids
+        self.keras = _numpy(head(_inputs(ids), training=False))
+        self.expected = {}
+
+
+def _sentence_case(name, head, task, tokenizer, label_names):
+    pair = task.text_pair_column is not None
+    examples = [SentenceExample(i, t, PAIRS[i] if pair else None, 0) for i, t in enumerate(SENTENCES)]
+    ids = F.featurize_sentences(examples, tokenizer, SEQ)
+    text_inputs = {"text": SENTENCES, **({"text_pair": PAIRS} if pair else {})}
+    case = Case(name, head, task, FinetuningConfig(max_seq_length=SEQ), label_names, text_inputs, ids)
+    if head.kind == "regression":
+        case.expected = {"score": case.keras["predictions"]}
+    else:
+        logits = case.keras["logits"]
+        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+        probabilities /= probabilities.sum(-1, keepdims=True)
+        case.expected = {"probabilities": probabilities,
+                         "label": np.array([label_names[i] for i in logits.argmax(-1)], object)}
+    return case
+
+
+def _tagging_case(head, tokenizer, label_names):
+    examples = [TaggingExample(i, tuple(t.split())) for i, t in enumerate(TAGGING)]
+    ids = F.featurize_tagging(examples, tokenizer, SEQ)
+    case = Case("tagging", head, Task("word_shape", "tagging", label_names), FinetuningConfig(max_seq_length=SEQ),
+                label_names, {"text": TAGGING}, ids)
+    words = F.word_predictions(case.keras["logits"], ids["word_positions"], ids["num_words"])
+    width = max(len(w) for w in words)
+    case.expected = {"labels": np.array([[label_names[i] for i in w] + [""] * (width - len(w)) for w in words], object),
+                     "num_words": ids["num_words"]}
+    return case
+
+
+def _qa_case(head, tokenizer):
+    examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(QA)]
+    fc = FinetuningConfig(max_seq_length=QA_SEQ, max_query_length=8, n_best_size=head.beam_size,
+                          max_answer_length=6)
+    windows = F.featurize_qa(examples, tokenizer, max_seq_length=QA_SEQ, max_query_length=8, doc_stride=64)
+    assert [w.example_index for w in windows] == [0, 1, 2], "one window per non-empty context"
+    ids = F.qa_windows_to_arrays(windows)
+    case = Case("qa", head, get_task("squad2.0"), fc, None, {"question": [q for q, _ in QA[:3]],
+                                                            "context": [c for _, c in QA[:3]]}, ids)
+    # A threshold between the unanswerable logits: some answers are kept, some become "".
+    null = np.sort(case.keras["answerable_logits"])
+    fc = dataclasses.replace(fc, null_score_diff_threshold=float(null[0] + null[1]) / 2)
+    case.fc = fc
+    result = F.postprocess_qa(examples[:3], windows, case.keras["start_logits"], case.keras["end_logits"],
+                              case.keras["answerable_logits"], n_best_size=fc.n_best_size,
+                              max_answer_length=fc.max_answer_length, version_2=True,
+                              null_score_diff_threshold=fc.null_score_diff_threshold)
+    best = [result.nbest[e.qid][0] for e in examples[:3]]
+    case.expected = {
+        "answer": np.array([result.predictions[e.qid] for e in examples[:3]], object),
+        "start": np.array([w.token_char_start[b.start] for w, b in zip(windows, best)], np.int32),
+        "end": np.array([w.token_char_end[b.end] for w, b in zip(windows, best)], np.int32),
+        "score": np.array([b.score for b in best], np.float32),
+        "no_answer_score": case.keras["answerable_logits"],
+        "best_text": [b.text for b in best],
+    }
+    assert "" in case.expected["answer"] and any(case.expected["answer"]), "threshold splits the examples"
+    return case
+
+
+@pytest.fixture(scope="module")
+def cases(vocab_file, tokenizer):
+    config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab_file)
+    labels = ("negative", "positive")
+    mrpc = ("not_equivalent", "equivalent")
+    tags = ("PUNCT", "SHORT", "LONG")
+    heads = {
+        "classification": SentenceClassifier(config, num_labels=2),
+        "pair": SentenceClassifier(config, num_labels=2),
+        "regression": SentenceRegressor(config),
+        "tagging": TokenTagger(config, num_labels=3),
+        "qa": SpanQuestionAnswerer(config, beam_size=6),
+    }
+    for seed, head in enumerate(heads.values()):
+        _amplify(head, seed)
+    return {
+        "classification": _sentence_case("classification", heads["classification"],
+                                         Task("sentiment", "classification", labels), tokenizer, labels),
+        "pair": _sentence_case("pair", heads["pair"], get_task("mrpc"), tokenizer, mrpc),
+        "regression": _sentence_case("regression", heads["regression"], get_task("sts-b"), tokenizer, None),
+        "tagging": _tagging_case(heads["tagging"], tokenizer, tags),
+        "qa": _qa_case(heads["qa"], tokenizer),
+    }
+
+
+@pytest.fixture(scope="module")
+def export_base(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("export"))
+
+
+@pytest.fixture(scope="module")
+def finetuned(cases, vocab_file, tmp_path_factory):
+    """Each head saved by the trainer's `save_finetuned` (a model_dir with best/ in it)."""
+    root = tmp_path_factory.mktemp("finetuned")
+    for name, case in cases.items():
+        save_finetuned(case.head, root / name / "best", task=case.task, vocab_file=vocab_file,
+                       fc=case.fc, label_names=case.label_names)
+    return root
+
+
+@pytest.fixture(scope="module")
+def exports(cases, finetuned, export_base):
+    """{case: export path} written by `export_finetuned`."""
+    return {name: E.export_finetuned(str(finetuned / name), export_base, name, verbose=False)
+            for name in cases}
+
+
+# The fresh process: only tensorflow and tensorflow_text; runs both signatures of every export.
+_LOADER = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.framework import op_def_pb2
+    from tensorflow.python.client import pywrap_tf_session as c_api
+
+    def registered_ops():
+        ops = op_def_pb2.OpList()
+        ops.ParseFromString(c_api.TF_GetBuffer(c_api.TF_GetAllOpList()))
+        return {op.name for op in ops.op}
+
+    core = registered_ops()
+    import tensorflow_text  # noqa: F401  (registers the tokenizer ops before loading)
+    text_ops = registered_ops() - core
+
+    def plain(value):
+        value = value.numpy()
+        if value.dtype == object:
+            return np.vectorize(lambda b: b.decode("utf-8"), otypes=[object])(value).tolist() if value.size else value.tolist()
+        return value.tolist()
+
+    request = json.load(open(sys.argv[1]))
+    result = {"text_ops": sorted(text_ops), "models": {}}
+    for name, job in request.items():
+        model = tf.saved_model.load(job["path"])
+        out = {}
+        for signature, inputs in job["signatures"].items():
+            fn = model.signatures[signature]
+            tensors = {k: tf.constant(v, dtype=tf.string if signature == "serving_default" else tf.int32)
+                       for k, v in inputs.items()}
+            out[signature] = {k: plain(v) for k, v in fn(**tensors).items()}
+        result["models"][name] = out
+    result["electra_tf_imported"] = any(m.split(".")[0] == "electra_tf" for m in sys.modules)
+    json.dump(result, open(sys.argv[2], "w"))
+""")
+
+
+@pytest.fixture(scope="module")
+def fresh_process(cases, exports, tmp_path_factory):
+    work = tmp_path_factory.mktemp("loader")
+    request = {name: {"path": exports[name], "signatures": {
+        "serving_default": cases[name].text_inputs,
+        "serve_ids": {k: cases[name].ids[k].tolist() for k in E.INPUT_KEYS}}} for name in cases}
+    (work / "request.json").write_text(json.dumps(request))
+    (work / "loader.py").write_text(_LOADER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, str(work / "loader.py"), str(work / "request.json"),
+                          str(work / "result.json")], cwd=str(work), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads((work / "result.json").read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# In-graph preprocessing == features.py (fast, in-process).
+# ---------------------------------------------------------------------------------------
+
+
+def test_truncated_pair_lengths_match_truncate_seq_pair():
+    for budget in (0, 1, 2, 5, 6):
+        for la in range(9):
+            for lb in range(9):
+                a, b = list(range(la)), list(range(lb))
+                F.truncate_seq_pair(a, b, budget)
+                got = E.truncated_pair_lengths(tf.constant(la), tf.constant(lb), tf.constant(budget))
+                assert [int(g) for g in got] == [len(a), len(b)], (la, lb, budget)
+
+
+def test_serving_tokenizer_equals_project_tokenizer(vocab_file, tokenizer):
+    texts = tf.constant(SENTENCES + TAGGING + ["ctrl\x00\x07chars\u200b, 日本語 e\u0301t\u00e9 ﬁ", "x" * 130])
+    serving = E.ServingTokenizer(vocab_file)
+    assert serving.tokenize(texts).to_list() == tokenizer.tokenize(texts).to_list()
+    for got, want in zip(serving.tokenize_with_offsets(texts), tokenizer.tokenize_with_offsets(texts)):
+        assert got.to_list() == want.to_list()
+
+
+def test_pack_sentences_equals_featurize_sentences(vocab_file, tokenizer):
+    pre = E.ServingPreprocessor(vocab_file, 12)  # short: most pairs are truncated
+    examples = [SentenceExample(i, t, p, 0) for i, (t, p) in enumerate(zip(SENTENCES, PAIRS))]
+    want = F.featurize_sentences(examples, tokenizer, 12)
+    got = pre.pack_sentences(tf.constant(SENTENCES), tf.constant(PAIRS))
+    for key in E.INPUT_KEYS:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    want = F.featurize_sentences([SentenceExample(0, t) for t in SENTENCES], tokenizer, 12)
+    got = pre.pack_sentences(tf.constant(SENTENCES))
+    for key in E.INPUT_KEYS:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_pack_tagging_equals_featurize_tagging(vocab_file, tokenizer):
+    pre = E.ServingPreprocessor(vocab_file, 12)
+    want = F.featurize_tagging([TaggingExample(i, tuple(t.split())) for i, t in enumerate(TAGGING)], tokenizer, 12)
+    got, positions, num_words = pre.pack_tagging(tf.constant(TAGGING))
+    for key in E.INPUT_KEYS:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    np.testing.assert_array_equal(num_words, want["num_words"])
+    np.testing.assert_array_equal(positions, want["word_positions"][:, : positions.shape[1]])
+    assert positions.shape[1] == want["num_words"].max()
+
+
+def test_pack_qa_equals_first_window_of_featurize_qa(vocab_file, tokenizer):
+    pre = E.ServingPreprocessor(vocab_file, 20)  # the first context is cut: its first window
+    examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(QA[:3])]
+    windows = F.featurize_qa(examples, tokenizer, max_seq_length=20, max_query_length=4, doc_stride=4)
+    first = {w.example_index: w for w in reversed(windows)}
+    got, spans = pre.pack_qa(tf.constant([q for q, _ in QA[:3]]), tf.constant([c for _, c in QA[:3]]), 4)
+    for i, window in first.items():
+        for key in E.INPUT_KEYS:
+            np.testing.assert_array_equal(got[key][i], getattr(window, key), err_msg=key)
+        offset, n = int(spans["doc_offset"][i]), int((window.token_to_word >= 0).sum())
+        np.testing.assert_array_equal(spans["char_start"][i, :n], window.token_char_start[offset:offset + n])
+        np.testing.assert_array_equal(spans["char_end"][i, :n], window.token_char_end[offset:offset + n])
+
+
+# ---------------------------------------------------------------------------------------
+# Exports in a fresh process == the Keras model.
+# ---------------------------------------------------------------------------------------
+
+
+def test_fresh_process_imports_only_tensorflow_and_text(fresh_process):
+    assert fresh_process["electra_tf_imported"] is False
+    assert set(fresh_process["models"]) == {"classification", "pair", "regression", "tagging", "qa"}
+
+
+@pytest.mark.parametrize("name", ["classification", "pair", "regression", "tagging", "qa"])
+def test_serve_ids_equals_keras(fresh_process, cases, name):
+    got = fresh_process["models"][name]["serve_ids"]
+    assert set(got) == set(cases[name].keras)
+    for key, want in cases[name].keras.items():
+        np.testing.assert_allclose(np.array(got[key]), want, atol=2e-4, rtol=1e-4, err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["classification", "pair", "regression", "tagging", "qa"])
+def test_serving_default_equals_keras(fresh_process, cases, name):
+    got = fresh_process["models"][name]["serving_default"]
+    want = dict(cases[name].expected)
+    best_text = want.pop("best_text", None)
+    assert set(got) == set(want)
+    for key, value in want.items():
+        if value.dtype == object:
+            assert got[key] == value.tolist(), key
+        else:
+            np.testing.assert_allclose(np.array(got[key]), value, atol=2e-4, rtol=1e-4, err_msg=key)
+    if name == "qa":  # start/end index the context; the kept answers are exactly that text
+        for (_, context), start, end, answer, text in zip(QA, got["start"], got["end"], got["answer"], best_text):
+            assert context[start:end] == text and answer in ("", text)
+
+
+def test_label_strings_and_shapes(fresh_process, cases):
+    got = fresh_process["models"]
+    assert set(got["classification"]["serving_default"]["label"]) <= {"negative", "positive"}
+    assert set(got["pair"]["serving_default"]["label"]) <= {"not_equivalent", "equivalent"}
+    labels = got["tagging"]["serving_default"]["labels"]
+    assert [len([x for x in row if x]) for row in labels] == got["tagging"]["serving_default"]["num_words"]
+    assert got["tagging"]["serving_default"]["num_words"][2] == 0 and labels[2] == [""] * len(labels[2])
+
+
+# ---------------------------------------------------------------------------------------
+# Signatures, assets, custom-op report.
+# ---------------------------------------------------------------------------------------
+
+
+def test_signatures_and_assets(exports, vocab_file):
+    report = json.load(open(os.path.join(exports["pair"], E.EXPORT_REPORT)))
+    assert report["signatures"]["serving_default"] == {
+        "inputs": {"text": "string[?]", "text_pair": "string[?]"},
+        "outputs": {"label": "string[?]", "probabilities": "float32[?, 2]"}}
+    assert report["signatures"]["serve_ids"]["inputs"] == {k: "int32[?, ?]" for k in E.INPUT_KEYS}
+    assert list(json.load(open(os.path.join(exports["classification"], E.EXPORT_REPORT)))
+                ["signatures"]["serving_default"]["inputs"]) == ["text"]
+    qa = json.load(open(os.path.join(exports["qa"], E.EXPORT_REPORT)))["signatures"]
+    assert set(qa["serving_default"]["inputs"]) == {"question", "context"}
+    assert set(qa["serving_default"]["outputs"]) == {"answer", "start", "end", "score", "no_answer_score"}
+    assert qa["serve_ids"]["inputs"]["input_ids"] == f"int32[?, {QA_SEQ}]"
+    with open(os.path.join(exports["classification"], "assets", "vocab.txt"), encoding="utf-8") as f:
+        assert f.read() == open(vocab_file, encoding="utf-8").read()
+
+
+def test_custom_op_report_lists_the_tf_text_ops_in_the_graph(exports, fresh_process):
+    text_ops = set(fresh_process["text_ops"])
+    assert set(E.TF_TEXT_OP_INTRODUCED) >= text_ops, "every op TF Text registers has a release"
+    for name, path in exports.items():
+        report = json.load(open(os.path.join(path, E.EXPORT_REPORT)))
+        in_graph = E.saved_model_ops(path) & text_ops
+        assert {o["op"] for o in report["custom_ops"]} == in_graph, name
+        assert in_graph == {"FastWordpieceTokenizeWithOffsets", "NormalizeUTF8"}, name
+        assert report["unknown_ops"] == []
+        assert (report["oldest_tf_serving"], report["oldest_tf_serving_tf_text"]) == ("2.11", "2.8.2")
+        assert report["version"] == int(os.path.basename(path))
+
+
+def test_custom_op_report_versions():
+    assert E.custom_op_report({"Const", "MatMul"})["oldest_tf_serving"] == "2.11"
+    report = E.custom_op_report({"Const", "FastBertNormalize", "NormalizeUTF8"})
+    assert (report["needs_tf_text"], report["oldest_tf_serving"]) == ("2.9.0", "2.12.0")
+    assert E.custom_op_report({"TFText>RoundRobinTrim"})["oldest_tf_serving"] == "2.12.0"
+    assert E.custom_op_report({"TFText>Utf8Binarize"})["oldest_tf_serving"] == "2.20.0"
+    unknown = E.custom_op_report({"Const", "MyCustomOp"})
+    assert unknown["unknown_ops"] == ["MyCustomOp"] and unknown["oldest_tf_serving"] is None
+
+
+# ---------------------------------------------------------------------------------------
+# Versions.
+# ---------------------------------------------------------------------------------------
+
+
+def test_versions_next_free_and_never_overwritten(exports, export_base, cases, vocab_file):
+    base = os.path.join(export_base, "classification")
+    assert os.path.basename(exports["classification"]) == "1"
+    info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"],
+            "task": "sentiment"}
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        E.export_head(cases["classification"].head, info, vocab_file, export_base, "classification",
+                      version=1, verbose=False)
+    os.makedirs(os.path.join(base, "7"))  # an empty, foreign folder also counts as taken
+    os.makedirs(os.path.join(base, "notes"))
+    assert E.next_version(base) == 8
+    path = E.export_head(cases["classification"].head, info, vocab_file, export_base, "classification",
+                         verbose=False)
+    assert path == os.path.join(base, "8") and os.path.exists(os.path.join(path, "saved_model.pb"))
+    assert not [d for d in os.listdir(export_base) if d.startswith(".")], "staging folders removed"
+    assert E.next_version(os.path.join(export_base, "missing")) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# End to end: export -> ModelServer over real sockets.
+# ---------------------------------------------------------------------------------------
+
+
+def test_served_over_rest_and_grpc_equals_in_process(exports, export_base, cases):
+    from serving.client import GrpcClient, RestClient
+    from serving.server import ModelServer
+
+    case = cases["pair"]
+    with ModelServer(os.path.join(export_base, "pair"), "pair", rest_port=0, grpc_port=0) as server:
+        rest = RestClient("127.0.0.1", server.rest_port, "pair")
+        rows = rest.predict([{"text": t, "text_pair": p} for t, p in zip(SENTENCES, PAIRS)])
+        columns = rest.predict({"text": SENTENCES, "text_pair": PAIRS})
+        with GrpcClient("127.0.0.1", server.grpc_port, "pair") as grpc_client:
+            over_grpc = grpc_client.predict({"text": SENTENCES, "text_pair": PAIRS})
+    for got in (rows, columns):
+        assert [b.decode() for b in got["label"]] == case.expected["label"].tolist()
+        np.testing.assert_allclose(got["probabilities"], case.expected["probabilities"], atol=2e-4)
+    assert over_grpc["label"].tolist() == columns["label"].tolist()
+    np.testing.assert_allclose(over_grpc["probabilities"], columns["probabilities"], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_electra_export_binary(finetuned, tmp_path):
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def electra_export(*flags):
+        return subprocess.run([sys.executable, "-m", "tools.export", f"--checkpoint={finetuned / 'classification'}",
+                               f"--export_base={tmp_path}", "--model_name=cli", *flags], cwd=repo,
+                              capture_output=True, text=True, timeout=300)
+
+    run = electra_export()
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert f"Exported classification model to {tmp_path / 'cli' / '1'}" in run.stdout
+    assert "FastWordpieceTokenizeWithOffsets (TF Text 2.7.0)" in run.stdout
+    assert "oldest TF Serving with these TF Text ops: 2.11 (bundles TF Text 2.8.2)" in run.stdout
+    assert os.path.exists(tmp_path / "cli" / "1" / "saved_model.pb")
+    again = electra_export("--version=1")
+    assert again.returncode != 0 and "never overwritten" in again.stderr
