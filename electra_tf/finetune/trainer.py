@@ -64,7 +64,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import shutil
 import time
 from pathlib import Path
@@ -406,7 +405,7 @@ def task_from_options(name: str, *, text_column=None, text_pair_column=None, lab
     return task
 
 
-def _resolve_task(task, train_path, tfds_data_dir, train_examples) -> Task:
+def _resolve_task(task, train_path) -> Task:
     task = get_task(task) if isinstance(task, str) else task
     if task.kind in ("classification", "tagging") and task.label_names is None:
         if train_path is None:
@@ -453,7 +452,7 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
     from electra_tf.training.strategy import is_chief
 
     model_dir = Path(model_dir)
-    task = _resolve_task(task, train_path, tfds_data_dir, train_examples)
+    task = _resolve_task(task, train_path)
     strategy = resolve_strategy(strategy)
     chief = is_chief(strategy)  # only the chief writes files (multi-worker)
     if chief:

@@ -57,6 +57,23 @@ def test_init_checkpoint_restores_encoder_exactly(pretrained_dir, tokenizer, rt_
         v.path: v.numpy().tobytes() for v in disc.weights if "discriminator_predictions" not in v.path}
 
 
+def test_pretraining_export_restores_encoder_exactly(tmp_path, tiny_config, vocab_file):
+    """`<pretrain model_dir>/discriminator` as the pretraining loop exports it (embeddings
+    shared with the generator) restores into the head's encoder unchanged."""
+    from electra_tf.models import ElectraPretrainer
+    from electra_tf.models.encoder import dummy_inputs
+    from electra_tf.training.pretraining import export_discriminator
+
+    tf.keras.utils.set_random_seed(7)
+    pretrainer = ElectraPretrainer(tiny_config)
+    export_discriminator(pretrainer, tmp_path / "discriminator", vocab_file=vocab_file)
+    head = SpanQuestionAnswerer(tiny_config)
+    load_encoder_weights(head, tmp_path / "discriminator")
+    inputs = dummy_inputs(2, 16)
+    np.testing.assert_array_equal(head.encode(inputs, False)["sequence_output"].numpy(),
+                                  pretrainer.discriminator(inputs, training=False)["sequence_output"].numpy())
+
+
 def _events(folder):
     tags = {}
     for path in Path(folder).glob("events.out.tfevents.*"):
