@@ -15,13 +15,13 @@ function of (seed, step) or is checkpointed: masks and generator samples are key
 variables, and the input position is DERIVED from the step: the example stream of every input
 pipeline is a deterministic sequence of epochs (epoch e reads the pipeline's files in an order
 shuffled by (seed, e), interleaved deterministically, through a shuffle buffer seeded by
-(seed, e)), and a run that starts at step s starts that stream at example s * global_batch /
+seed), and a run that starts at step s starts that stream at example s * global_batch /
 num_pipelines: it begins at epoch floor(position / epoch size) and skips the rest, so a resume
 reads at most one epoch of raw records (the epoch size is counted once, on resume only).
 Nothing about the input is stored in the checkpoint, so it stays valid if the input files move.
 
-Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold the model and the
-optimizer; they are written at loop boundaries when a multiple of `save_checkpoints_steps` was
+Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold every model
+variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a multiple of `save_checkpoints_steps` was
 passed, at the end, and when SIGTERM arrives (the run then stops at the next loop boundary and
 `run_pretraining` returns normally with `preempted=True`; the binary exits 0). A non-finite loss
 raises `NonFiniteLossError` naming the first bad step; nothing is saved after it, so the latest
@@ -237,9 +237,9 @@ def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, 
                              deterministic=True)
             if not by_file and context.num_input_pipelines > 1:
                 d = d.shard(context.num_input_pipelines, context.input_pipeline_id)
-            shuffle_seed = tf.random.stateless_uniform(
-                [], epoch_seed, minval=0, maxval=2**62, dtype=tf.int64)
-            return d.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+            # tf.data takes only a Python seed here: each epoch's buffer draws the same
+            # permutation pattern, applied to that epoch's own file order.
+            return d.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
 
         d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
         if offset:
@@ -327,6 +327,21 @@ def make_loop_fn(model, strategy, jit_compile: bool = False):
 
 
 # --- checkpoints and export ---------------------------------------------------------------------
+def model_checkpoint(model: ElectraPretrainer, optimizer=None) -> tf.train.Checkpoint:
+    """The checkpoint of a run: every model variable, listed, and the optimizer.
+
+    With Keras 3, `tf.train.Checkpoint(model=pretrainer)` reaches the trainable weights only
+    through the optimizer and misses the non-trainable ones, among them the dropout seed
+    generators' states that an exact resume needs. So `model.variables` (weights and seed-
+    generator states, in the model's deterministic order) are listed explicitly under
+    `variables/<i>`.
+    """
+    objects = {"model": model, "variables": [v.value for v in model.variables]}
+    if optimizer is not None:
+        objects["optimizer"] = optimizer
+    return tf.train.Checkpoint(**objects)
+
+
 def _write_dir(model_dir: str, strategy) -> str:
     """Where this worker writes: model_dir for the chief, a temporary folder for the others."""
     if is_chief(strategy):
@@ -351,7 +366,7 @@ def export_discriminator_from_checkpoint(model_dir, folder=None, vocab_file=None
     latest = tf.train.latest_checkpoint(str(model_dir))
     if latest is None:
         raise FileNotFoundError(f"{model_dir}: no checkpoint to export")
-    tf.train.Checkpoint(model=model).read(latest).expect_partial()
+    model_checkpoint(model).read(latest).expect_partial()
     vocab_file = vocab_file or saved.get("vocab_file")
     return export_discriminator(model, folder or Path(model_dir) / "discriminator", vocab_file)
 
@@ -380,6 +395,7 @@ class _StopRequest:
 
 # --- the loop -----------------------------------------------------------------------------------
 class PretrainingResult(NamedTuple):
+    model: ElectraPretrainer  # the trained pretrainer (its optimizer attached)
     step: int
     preempted: bool
     metrics: dict
@@ -448,14 +464,14 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     write_dir = _write_dir(model_dir, strategy)
     try:
         model, opt, grad_norm = _build(model_config, config, strategy)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=opt)
+        checkpoint = model_checkpoint(model, opt)
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
         latest = tf.train.latest_checkpoint(model_dir)
         if latest:
             checkpoint.restore(latest).assert_existing_objects_matched()
-            logging.info("Resumed from %s at step %d", latest, int(opt.iterations))
-        step = int(opt.iterations)
+            logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
+        step = int(opt.iterations.numpy())
         dataset = strategy.distribute_datasets_from_function(resumable_dataset_fn(
             data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
             start_step=step, shuffle_buffer=config.shuffle_buffer))
@@ -479,7 +495,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                                f"good checkpoint is {saved}")
                     logging.error("%s", message)
                     raise NonFiniteLossError(message)
-                previous, step = step, int(opt.iterations)
+                previous, step = step, int(opt.iterations.numpy())
                 period_tokens += int(tokens)
                 metrics = {m.name: float(m.result()) for m in model.metrics}
                 metrics["gradient_norm"] = float(grad_norm.result())
@@ -517,7 +533,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
             export_discriminator(model, target, vocab_file=vocab_file)
             disc_dir = str(Path(model_dir) / "discriminator")
             logging.info("Saved the discriminator to %s", disc_dir)
-        return PretrainingResult(step, preempted, metrics,
+        return PretrainingResult(model, step, preempted, metrics,
                                  saved if chief else None, disc_dir)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)

@@ -79,8 +79,7 @@ def tiny_flags(data, vocab, model_dir, **extra) -> list[str]:
 def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
     """`python -m tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
-                    CUDA_VISIBLE_DEVICES="", TF_NUM_INTEROP_THREADS="1",
-                    TF_NUM_INTRAOP_THREADS="1")
+                    CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
     full_env.pop("TF_CONFIG", None)
     full_env.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "tools.pretrain", *args], cwd=REPO,
@@ -93,6 +92,7 @@ class TrainingHelpers:
     pretrain_process = staticmethod(pretrain_process)
     free_port = staticmethod(free_port)
     seq_length = SEQ_LENGTH
+    repo = REPO
 
 
 @pytest.fixture(scope="session")
