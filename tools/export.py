@@ -27,6 +27,9 @@ _VERSION = flags.DEFINE_integer("version", None, "Version folder (a positive int
 _TEXT_PAIR = flags.DEFINE_bool(
     "text_pair", None, "Sentence tasks: take a `text_pair` input too. Default: as the task was "
     "fine-tuned (predefined pair tasks such as mrpc, or a text_pair entry in head_config.json).")
+_IDS_ONLY = flags.DEFINE_bool(
+    "ids_only", False, "Only the token-id signature (as serving_default and serve_ids): no TF Text "
+    "ops, for TF Serving builds without TF Text; clients tokenize with assets/vocab.txt.")
 
 
 def main(argv):
@@ -34,7 +37,8 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         export_finetuned(_CHECKPOINT.value, _EXPORT_BASE.value, _MODEL_NAME.value,
-                         version=_VERSION.value, pair=_TEXT_PAIR.value)
+                         version=_VERSION.value, pair=_TEXT_PAIR.value,
+                         ids_only=_IDS_ONLY.value)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")
 

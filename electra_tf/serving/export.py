@@ -543,7 +543,8 @@ def next_version(model_base: str) -> int:
 
 
 def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str, model_name: str,
-                version: int | None = None, pair: bool | None = None, verbose: bool = True) -> str:
+                version: int | None = None, pair: bool | None = None, ids_only: bool = False,
+                verbose: bool = True) -> str:
     """Export a fine-tuning head (`heads.py`) with its `head_config.json` fields.
 
     Args:
@@ -555,6 +556,8 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
       export_base, model_name: the SavedModel goes to `export_base/model_name/VERSION`.
       version: positive integer; default the next free one. An existing version is an error.
       pair: sentence tasks: take `text_pair` too; default `is_pair_task(info)`.
+      ids_only: only `serve_ids` (also as `serving_default`): no TF Text op in the graph, for
+        servers without TF Text; clients tokenize with the exported `assets/vocab.txt`.
       verbose: print where the model went and the custom-op report.
 
     Returns:
@@ -576,6 +579,8 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
     archive.track(head)
     archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
     signatures = _signatures(head, info, pre, pair)
+    if ids_only:  # the first endpoint is also written as serving_default
+        signatures = {SERVE_IDS: signatures[SERVE_IDS]}
     for name, (fn, spec) in signatures.items():
         archive.add_endpoint(name, fn, input_signature=spec)
 
@@ -589,6 +594,7 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
             "task": info.get("task"),
             "max_seq_length": pre.max_seq_length,
             "text_pair": bool(pair),
+            "ids_only": bool(ids_only),
             "label_names": info.get("label_names"),
             "signatures": _signature_summary(staging),
             "tensorflow": tf.__version__,
@@ -641,19 +647,22 @@ def format_report(path: str, report: Mapping[str, Any]) -> str:
              f"  custom ops: {ops}"]
     if report["unknown_ops"]:
         lines.append(f"  ops of unknown origin: {', '.join(report['unknown_ops'])} (TF Serving compatibility unknown)")
-    if report["oldest_tf_serving"]:
+    if report["custom_ops"] and report["oldest_tf_serving"]:
         lines.append(f"  oldest TF Serving with these TF Text ops: {report['oldest_tf_serving']} "
-                     f"(bundles TF Text {report['oldest_tf_serving_tf_text']}); older servers: "
-                     f"no TF Text, use signature {SERVE_IDS!r} with an ids-only export")
+                     f"(bundles TF Text {report['oldest_tf_serving_tf_text']}); for a server without "
+                     f"them, export with ids_only (--ids_only) and call {SERVE_IDS!r}")
+    elif not report["custom_ops"] and not report["unknown_ops"]:
+        lines.append("  no TF Text ops: needs no TF Text in the server")
     return "\n".join(lines)
 
 
 def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
-                     version: int | None = None, pair: bool | None = None, verbose: bool = True) -> str:
+                     version: int | None = None, pair: bool | None = None, ids_only: bool = False,
+                     verbose: bool = True) -> str:
     """Export what `trainer.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
     from electra_tf.finetune.trainer import load_finetuned
 
     head, info, vocab_file = load_finetuned(model_dir_or_best)
     return export_head(head, info, vocab_file, export_base, model_name, version=version, pair=pair,
-                       verbose=verbose)
+                       ids_only=ids_only, verbose=verbose)

@@ -396,6 +396,20 @@ def test_custom_op_report_versions():
     assert unknown["unknown_ops"] == ["MyCustomOp"] and unknown["oldest_tf_serving"] is None
 
 
+def test_ids_only_export_has_no_tf_text_ops(cases, vocab_file, export_base):
+    case = cases["classification"]
+    info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
+    path = E.export_head(case.head, info, vocab_file, export_base, "ids_only", ids_only=True, verbose=False)
+    report = json.load(open(os.path.join(path, E.EXPORT_REPORT)))
+    assert report["custom_ops"] == [] and report["unknown_ops"] == []
+    assert not E.saved_model_ops(path) & set(E.TF_TEXT_OP_INTRODUCED)
+    assert set(report["signatures"]) == {"serving_default", "serve_ids"}
+    assert report["signatures"]["serving_default"] == report["signatures"]["serve_ids"]
+    assert os.path.exists(os.path.join(path, "assets", "vocab.txt"))
+    logits = tf.saved_model.load(path).signatures["serving_default"](**_inputs(case.ids))["logits"]
+    np.testing.assert_allclose(logits, case.keras["logits"], atol=2e-4)
+
+
 # ---------------------------------------------------------------------------------------
 # Versions.
 # ---------------------------------------------------------------------------------------
