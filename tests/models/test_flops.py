@@ -25,7 +25,8 @@ def test_objectives_are_ordered_by_their_extra_work():
 
 def test_matches_a_hand_count_for_a_one_layer_model():
     c = ElectraConfig(vocab_size=100, embedding_size=8, hidden_size=16, num_layers=1, num_heads=1,
-                      intermediate_size=32, objective="mlm", max_predictions_per_seq=2)
+                      intermediate_size=32, objective="mlm", max_predictions_per_seq=2,
+                      cls_token_id=1, sep_token_id=2, mask_token_id=3)
     s = 4
     encoder = s * (2 * (4 * 16 * 16 + 2 * 16 * 32) + 4 * s * 16 + 2 * 8 * 16)
     head = 2 * 2 * (16 * 8 + 8 * 100)
