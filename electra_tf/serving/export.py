@@ -363,14 +363,15 @@ class ServingPreprocessor(tf.Module):
         A longer context is cut (the Python path slides windows with a doc stride instead).
 
         Returns (inputs, spans) with spans["byte_start" | "byte_end" | "char_start" |
-        "char_end"] int64 [B, P] per kept context piece and spans["doc_offset"] [B], the
+        "char_end"] int64 [B, max_seq_length] per kept context piece (-1 past them) and spans["doc_offset"] [B], the
         position of the first context piece.
         """
         query = _keep_first(self.tokenizer.tokenize(question), max_query_length)
         ids, byte_start, byte_end, char_start, char_end = self._context_pieces(context)
         budget = self.max_seq_length - 3 - query.row_lengths()
         kept = [_keep_first(r, budget) for r in (ids, byte_start, byte_end, char_start, char_end)]
-        spans = {name: r.to_tensor(default_value=-1) for name, r in
+        # Fixed width: gathers at a piece index stay valid when the batch has no context at all.
+        spans = {name: r.to_tensor(default_value=-1, shape=[None, self.max_seq_length]) for name, r in
                  zip(("byte_start", "byte_end", "char_start", "char_end"), kept[1:])}
         spans["doc_offset"] = query.row_lengths() + 2
         return self._pack(query, kept[0]), spans
@@ -498,6 +499,9 @@ def _signatures(head, info: Mapping[str, Any], pre: ServingPreprocessor, pair: b
         if version_2 and not getattr(head, "answerable_classifier", False):
             raise ValueError("a SQuAD 2.0 export needs the head's answerability classifier")
         n_best = min(n_best, head.beam_size)  # end rows exist for the head's top beam_size starts
+        if max_query + 3 >= pre.max_seq_length:
+            raise ValueError(f"head_config.json: max_query_length {max_query} leaves no room for the "
+                             f"context in max_seq_length {pre.max_seq_length}")
 
         def serve_text(question, context):
             inputs, spans = pre.pack_qa(question, context, max_query)
@@ -511,7 +515,8 @@ def _signatures(head, info: Mapping[str, Any], pre: ServingPreprocessor, pair: b
             def at(name, index):
                 return tf.gather(spans[name], index, batch_dims=1)
 
-            byte_start, byte_end = at("byte_start", first), at("byte_end", last)
+            byte_start = tf.maximum(at("byte_start", first), 0)  # -1 past the pieces: no span
+            byte_end = tf.maximum(at("byte_end", last), byte_start)
             answer = tf.strings.substr(context, byte_start, byte_end - byte_start, unit="BYTE")
             result = {
                 "answer": tf.where(found, answer, ""),

@@ -343,6 +343,16 @@ def test_serving_default_equals_keras(fresh_process, cases, name):
             assert context[start:end] == text and answer in ("", text)
 
 
+def test_qa_without_a_span(exports):
+    import tensorflow_text  # noqa: F401
+
+    fn = tf.saved_model.load(exports["qa"]).signatures["serving_default"]
+    got = fn(question=tf.constant(["what ?", "who ?"]), context=tf.constant(["", " \t "]))
+    assert got["answer"].numpy().tolist() == [b"", b""]
+    assert got["start"].numpy().tolist() == [-1, -1] and got["end"].numpy().tolist() == [-1, -1]
+    assert (got["score"].numpy() == np.finfo(np.float32).min).all()
+
+
 def test_label_strings_and_shapes(fresh_process, cases):
     got = fresh_process["models"]
     assert set(got["classification"]["serving_default"]["label"]) <= {"negative", "positive"}
