@@ -26,8 +26,10 @@ Signatures (every input and output has the batch first):
     `features.featurize_qa`'s sliding windows are not used (see `ServingPreprocessor.pack_qa`).
 - `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] -> the head's raw outputs
   (`logits`; regression `predictions`; QA `start_logits`, `start_top_index`, `end_logits`,
-  `answerable_logits`), for servers whose TF Text lacks the tokenizer ops; tokenize with
-  `assets/vocab.txt` on the client. QA needs S = `max_seq_length`.
+  `answerable_logits`); tokenize with `assets/vocab.txt` on the client. QA needs
+  S = `max_seq_length`. A server without the TF Text ops cannot load the text export at all
+  (every op of the graph must be registered): export with `ids_only=True` for it, which writes
+  `serve_ids` alone (also as `serving_default`) and no TF Text op.
 
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
