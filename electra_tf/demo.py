@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -148,8 +149,13 @@ def model_config(vocab_file: str, **overrides):
 
 
 def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
-             num_steps: int | None = None, **config_overrides) -> dict:
-    """Pretrains (or resumes) and returns {"discriminator": dir, "metrics": ..., "steps": n}."""
+             num_steps: int | None = None, checkpoint_steps=(), **config_overrides) -> dict:
+    """Pretrains (or resumes) and returns {"discriminator": dir, "metrics": ..., "steps": n}.
+
+    `checkpoint_steps`: steps that must have a checkpoint (`ckpt-<step>`) at the end; they and
+    `num_steps` should share a divisor (loops end there). `config_overrides` go to the model
+    config (e.g. `objective="mlm"`).
+    """
     from electra_tf.training.pretraining import PretrainingConfig, run_pretraining
     from electra_tf.training.strategy import create_strategy
 
@@ -159,11 +165,15 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
         print(f"reusing {model_dir}")
         return json.loads(Path(summary_file).read_text())
     steps = num_steps or cfg.pretrain_steps
+    every = math.gcd(steps, *checkpoint_steps) if checkpoint_steps else max(50, steps // 4)
+    per_loop = max(d for d in range(1, min(50, every) + 1) if every % d == 0) \
+        if checkpoint_steps else min(50, steps)
     config = PretrainingConfig(
         train_batch_size=cfg.pretrain_batch_size, num_train_steps=steps,
         learning_rate=cfg.pretrain_learning_rate, num_warmup_steps=max(1, steps // 10),
-        max_seq_length=cfg.max_seq_length, steps_per_loop=min(50, steps),
-        save_checkpoints_steps=max(50, steps // 4), summary_steps=min(50, steps), seed=cfg.seed)
+        max_seq_length=cfg.max_seq_length, steps_per_loop=per_loop,
+        save_checkpoints_steps=every, keep_checkpoint_max=max(5, steps // every + 1),
+        summary_steps=per_loop, seed=cfg.seed)
     result = run_pretraining(model_config(vocab_file, **config_overrides), config, shards,
                              model_dir, create_strategy("one_device"), vocab_file=vocab_file)
     summary = {"discriminator": result.discriminator_dir, "steps": result.step,

@@ -1,0 +1,163 @@
+"""A small-scale replication of the paper's efficiency claim (Table 5 / Figure 3 in miniature).
+
+Every objective variant pretrains the same model (configs/electra_demo.json) on the same IMDB
+shards with the SAME pretraining compute: ELECTRA's run of `electra_steps` steps sets a FLOP
+budget, and each variant gets as many steps of the same batch as that budget buys (analytic
+matmul FLOPs, `electra_tf.models.flops`): the BERT-style `mlm` baseline, which has no generator,
+takes more steps. Checkpoints at `num_points` evenly spaced fractions of the budget are each
+fine-tuned on Rotten Tomatoes with `num_seeds` seeds. Output in `workdir`:
+
+  results.json   every fine-tuning run, per variant and compute point
+  results.md     the table: median and spread of dev accuracy per variant at the full budget
+  accuracy_vs_compute.png   median dev accuracy against pretraining FLOPs, one line per variant
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import statistics
+from pathlib import Path
+
+from electra_tf import demo
+
+VARIANTS = ("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm")
+LABELS = {"electra": "ELECTRA", "mlm": "BERT (MLM)", "electra_15": "ELECTRA 15%",
+          "replace_mlm": "Replace MLM", "all_tokens_mlm": "All-Tokens MLM"}
+PAPER_GLUE = {"electra": 85.0, "all_tokens_mlm": 84.3, "replace_mlm": 82.4, "electra_15": 82.4,
+              "mlm": 82.2}  # Table 5, GLUE dev, Base size
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicationConfig:
+    workdir: str = "runs/replication"
+    variants: tuple = VARIANTS
+    electra_steps: int = 1200   # ELECTRA's steps; sets the FLOP budget for every variant
+    num_points: int = 2         # fine-tuned checkpoints along the budget (1/n, 2/n, ..., 1)
+    num_seeds: int = 3
+    finetune_examples: int = 2000  # Rotten Tomatoes training sentences per fine-tuning run
+    finetune_epochs: float = 2.0
+    corpus_scale: float = 1.0   # fraction of the 25,000 IMDB reviews
+    seed: int = 0
+
+    def __post_init__(self):
+        unknown = set(self.variants) - set(VARIANTS)
+        if unknown:
+            raise ValueError(f"ReplicationConfig.variants: unknown {sorted(unknown)}; "
+                             f"choose from {VARIANTS}")
+        if self.electra_steps < 10 or self.num_points < 1 or self.num_seeds < 1:
+            raise ValueError("ReplicationConfig: electra_steps >= 10, num_points >= 1 and "
+                             "num_seeds >= 1 are required")
+
+    def demo_config(self) -> demo.DemoConfig:
+        return demo.DemoConfig(workdir=self.workdir, scale=self.corpus_scale, seed=self.seed,
+                               finetune_epochs=self.finetune_epochs)
+
+
+def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length: int) -> dict:
+    """{variant: (steps, FLOPs per step)} so that every variant spends ELECTRA's budget."""
+    from electra_tf.models.flops import training_flops_per_sequence
+
+    batch = cfg.demo_config().pretrain_batch_size
+    base = demo.model_config(vocab_file)
+    per_step = {v: training_flops_per_sequence(base.replace(objective=v), seq_length)["training"]
+                * batch for v in cfg.variants + ("electra",)}
+    budget = cfg.electra_steps * per_step["electra"]
+    unit = 10 * cfg.num_points  # whole loops of 10 steps between the fine-tuned checkpoints
+    return {v: (max(unit, unit * round(budget / per_step[v] / unit)), per_step[v])
+            for v in cfg.variants}
+
+
+def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -> str:
+    """The discriminator of checkpoint `ckpt-{step}` of a pretraining run, in our format."""
+    from electra_tf.config import ElectraConfig
+    from electra_tf.models import ElectraPretrainer
+    from electra_tf.training.pretraining import CONFIG_FILE, export_discriminator, model_checkpoint
+
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return folder
+    saved = json.loads(Path(model_dir, CONFIG_FILE).read_text())
+    model = ElectraPretrainer(ElectraConfig.from_dict(saved["model_config"]))
+    model_checkpoint(model).read(os.path.join(model_dir, f"ckpt-{step}")).expect_partial()
+    export_discriminator(model, folder, vocab_file)
+    return folder
+
+
+def run(cfg: ReplicationConfig) -> dict:
+    dcfg = cfg.demo_config()
+    corpus_file = demo.build_corpus(dcfg)
+    vocab_file = demo.build_vocab(dcfg, corpus_file)
+    shards = demo.build_shards(dcfg, corpus_file, vocab_file)
+    plan = steps_for_equal_compute(cfg, vocab_file, dcfg.max_seq_length)
+    runs = []
+    for variant in cfg.variants:
+        steps, flops_per_step = plan[variant]
+        points = [steps * k // cfg.num_points for k in range(1, cfg.num_points + 1)]
+        model_dir = os.path.join(cfg.workdir, f"pretrain_{variant}")
+        print(f"\n=== {LABELS[variant]}: {steps} steps x {flops_per_step / 1e9:.1f} GFLOP "
+              f"(checkpoints for fine-tuning at {points}) ===", flush=True)
+        demo.pretrain(dcfg, shards, vocab_file, model_dir=model_dir, num_steps=steps,
+                      checkpoint_steps=points, objective=variant)
+        for step in points:
+            disc = export_checkpoint(model_dir, step, os.path.join(model_dir, f"disc_{step}"),
+                                     vocab_file)
+            results = demo.finetune_rotten_tomatoes(
+                dataclasses.replace(dcfg, scale=min(1.0, cfg.finetune_examples / 7684)),
+                vocab_file, os.path.join(cfg.workdir, f"finetune_{variant}_{step}"),
+                init_checkpoint=disc, num_seeds=cfg.num_seeds)
+            accuracies = [r["best"]["accuracy"] for r in results["runs"]]
+            runs.append({"variant": variant, "step": step, "pretrain_flops": step * flops_per_step,
+                         "accuracies": accuracies})
+            print(f"{LABELS[variant]} @ step {step}: dev accuracy median "
+                  f"{statistics.median(accuracies):.2f} over {len(accuracies)} seeds", flush=True)
+    results = {"config": dataclasses.asdict(cfg), "plan": plan, "runs": runs}
+    Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = results_table(runs)
+    Path(cfg.workdir, "results.md").write_text(table + "\n")
+    plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"))
+    print("\n" + table)
+    return results
+
+
+def results_table(runs) -> str:
+    """Markdown: per variant at its full budget, median / min / max / std of dev accuracy."""
+    final = {}
+    for r in runs:
+        if r["variant"] not in final or r["step"] > final[r["variant"]]["step"]:
+            final[r["variant"]] = r
+    lines = ["| variant | pretraining steps | PFLOP | RT dev acc. median | min | max | std | "
+             "paper GLUE (Table 5) |", "|---|---|---|---|---|---|---|---|"]
+    for variant, r in sorted(final.items(), key=lambda kv: -statistics.median(kv[1]["accuracies"])):
+        acc = r["accuracies"]
+        std = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        lines.append(f"| {LABELS[variant]} | {r['step']} | {r['pretrain_flops'] / 1e15:.2f} | "
+                     f"{statistics.median(acc):.2f} | {min(acc):.2f} | {max(acc):.2f} | {std:.2f} | "
+                     f"{PAPER_GLUE[variant]} |")
+    return "\n".join(lines)
+
+
+def plot(runs, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for variant in VARIANTS:
+        points = sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
+                        if r["variant"] == variant)
+        if not points:
+            continue
+        x = [p[0] / 1e15 for p in points]
+        med = [statistics.median(p[1]) for p in points]
+        ax.plot(x, med, marker="o", label=LABELS[variant])
+        ax.fill_between(x, [min(p[1]) for p in points], [max(p[1]) for p in points], alpha=0.15)
+    ax.set_xlabel("pretraining compute (PFLOP, analytic matmul count)")
+    ax.set_ylabel("Rotten Tomatoes dev accuracy (median over seeds)")
+    ax.set_title("Downstream accuracy vs pretraining compute (min-max band)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
