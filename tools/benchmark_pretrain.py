@@ -26,8 +26,8 @@ terms at its own width, and its MLM head only at the N masked slots per sequence
 2 x forward, so training = 3 x forward. Embedding lookups, softmax, LayerNorm, GELU and the
 optimizer update are not counted (element-wise, < 2% here). The count is cross-checked with
 TensorFlow's graph profiler (`tf.compat.v1.profiler`, float_operation) on the traced step, which
-counts only op types with registered FLOP statistics (MatMul, BatchMatMul, ...; not Einsum), so
-it is a lower bound.
+counts the op types with registered FLOP statistics: matmuls, but also element-wise ops and the
+optimizer update (and not Einsum), so it is a rough check only (ELECTRA-Small: 109% of the count).
 """
 
 from __future__ import annotations
