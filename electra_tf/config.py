@@ -29,8 +29,54 @@ class ConfigError(ValueError):
     """A config file or value is invalid; the message names the field."""
 
 
+class JsonConfig:
+    """JSON (de)serialisation with validation, shared by the frozen config dataclasses
+    (`ElectraConfig`, `FinetuningConfig`, `PretrainingConfig`).
+
+    Subclasses validate in `__post_init__` and raise `error_type` naming the field; loading adds
+    the source (file name) to the message and rejects unknown keys. Keys starting with "_" (such
+    as "_comment") are ignored.
+    """
+
+    error_type = ConfigError
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    def replace(self, **changes):
+        return self.from_dict({**self.to_dict(), **changes}, source="replace()")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config"):
+        error = cls.error_type
+        if not isinstance(values, dict):
+            raise error(f"{source}: expected a JSON object, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in values.items() if not k.startswith("_")}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise error(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        try:
+            return cls(**values)
+        except error as e:
+            raise error(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike):
+        try:
+            values = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise cls.error_type(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        except OSError as e:
+            raise cls.error_type(f"{path}: cannot read config: {e.strerror}") from None
+        return cls.from_dict(values, source=str(path))
+
+
 @dataclasses.dataclass(frozen=True)
-class ElectraConfig:
+class ElectraConfig(JsonConfig):
     """Architecture and pretraining-objective hyperparameters (defaults: ELECTRA-Small).
 
     Args:
@@ -197,39 +243,11 @@ class ElectraConfig:
             return self.max_predictions_per_seq
         return max(1, int((self.mask_prob + 0.005) * seq_length))
 
-    # -- (de)serialisation ---------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    def replace(self, **changes) -> "ElectraConfig":
-        return self.from_dict({**self.to_dict(), **changes})
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "config") -> "ElectraConfig":
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in values.items() if not k.startswith("_")}  # "_comment" keys
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        try:
-            return cls(**values)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
-
+    # -- (de)serialisation: JsonConfig, plus names of the repo's configs/ -------------------------
     @classmethod
     def from_json(cls, path: str | os.PathLike) -> "ElectraConfig":
         """Loads `path`, or a name such as "electra_small" from the repo's `configs/`."""
-        path = resolve_config_path(path)
-        try:
-            values = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}: not valid JSON: {e}") from None
-        return cls.from_dict(values, source=str(path))
+        return super().from_json(resolve_config_path(path))
 
     def with_overrides(self, overrides: list[str] | None) -> "ElectraConfig":
         """Applies `key=value` strings (from `--override` flags); values parse as JSON."""

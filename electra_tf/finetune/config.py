@@ -20,13 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from electra_tf.config import ConfigError
+from electra_tf.config import ConfigError, JsonConfig
 
 MODEL_SIZES = ("small", "base", "large")
 
 
 @dataclasses.dataclass(frozen=True)
-class FinetuningConfig:
+class FinetuningConfig(JsonConfig):
     """Fine-tuning hyperparameters (defaults: ELECTRA-Small / Base on a GLUE task).
 
     Args:
@@ -128,36 +128,6 @@ class FinetuningConfig:
             values["max_seq_length"] = 256
         return cls.from_dict({**values, **overrides}, source=f"FinetuningConfig.for_model_size({size!r})")
 
-    def replace(self, **changes) -> "FinetuningConfig":
-        return self.from_dict({**self.to_dict(), **changes})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    def to_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any], source: str = "finetuning config") -> "FinetuningConfig":
-        if not isinstance(values, dict):
-            raise ConfigError(f"{source}: expected a JSON object, got {type(values).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in values.items() if not k.startswith("_")}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
-        try:
-            return cls(**values)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
-
-    @classmethod
-    def from_json(cls, path: str | os.PathLike) -> "FinetuningConfig":
-        try:
-            values = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
-        return cls.from_dict(values, source=str(path))
 
 
 def model_size_of(config) -> str:

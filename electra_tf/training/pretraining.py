@@ -55,7 +55,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from electra_tf.config import ElectraConfig
+from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib
@@ -68,7 +68,7 @@ CONFIG_FILE = "pretraining_config.json"
 CHECKPOINT_PREFIX = "ckpt"
 
 
-class PretrainingConfigError(ValueError):
+class PretrainingConfigError(ConfigError):
     """An invalid PretrainingConfig value; the message names the field."""
 
 
@@ -90,7 +90,7 @@ _PAPER_SIZES = {
 
 
 @dataclasses.dataclass(frozen=True)
-class PretrainingConfig:
+class PretrainingConfig(JsonConfig):
     """Every hyperparameter of a pretraining run (defaults: ELECTRA-Small of the paper).
 
     Args:
@@ -112,6 +112,8 @@ class PretrainingConfig:
       seed: model initialisation, masking, dropout and input order.
       shuffle_buffer: examples in each input pipeline's shuffle buffer.
     """
+
+    error_type = PretrainingConfigError
 
     train_batch_size: int = 128
     num_train_steps: int = 1_000_000
@@ -172,11 +174,6 @@ class PretrainingConfig:
         values.update(overrides)
         return cls(**values)
 
-    def replace(self, **changes) -> "PretrainingConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 # --- input --------------------------------------------------------------------------------------

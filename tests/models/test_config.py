@@ -100,3 +100,21 @@ def test_special_ids_and_vocab_size_come_from_the_vocab_file(tmp_path):
     c = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
     assert (c.vocab_size, c.pad_token_id, c.cls_token_id, c.sep_token_id, c.mask_token_id) == (
         7, 0, 2, 3, 4)
+
+
+def test_every_config_type_loads_and_validates_the_same_way(tmp_path):
+    from electra_tf.finetune.config import FinetuningConfig
+    from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+
+    for cls, field, bad in ((FinetuningConfig, "learning_rate", -1.0),
+                            (PretrainingConfig, "train_batch_size", 0)):
+        good = cls()
+        good.to_json(tmp_path / "c.json")
+        assert cls.from_json(tmp_path / "c.json") == good
+        (tmp_path / "bad.json").write_text(json.dumps({field: bad}))
+        with pytest.raises(ConfigError, match=f"bad.json.*{field}"):
+            cls.from_json(tmp_path / "bad.json")
+        (tmp_path / "bad.json").write_text(json.dumps({"no_such_field": 1}))
+        with pytest.raises(ConfigError, match="unknown field.*no_such_field"):
+            cls.from_json(tmp_path / "bad.json")
+    assert issubclass(PretrainingConfigError, ConfigError)
