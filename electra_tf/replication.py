@@ -23,9 +23,9 @@ from pathlib import Path
 from electra_tf import demo
 
 VARIANTS = ("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm")
-LABELS = {"electra": "ELECTRA", "mlm": "BERT (MLM)", "electra_15": "ELECTRA 15%",
+LABELS = {"random_init": "no pretraining", "electra": "ELECTRA", "mlm": "BERT (MLM)", "electra_15": "ELECTRA 15%",
           "replace_mlm": "Replace MLM", "all_tokens_mlm": "All-Tokens MLM"}
-PAPER_GLUE = {"electra": 85.0, "all_tokens_mlm": 84.3, "replace_mlm": 82.4, "electra_15": 82.4,
+PAPER_GLUE = {"random_init": "-", "electra": 85.0, "all_tokens_mlm": 84.3, "replace_mlm": 82.4, "electra_15": 82.4,
               "mlm": 82.2}  # Table 5, GLUE dev, Base size
 
 
@@ -90,7 +90,15 @@ def run(cfg: ReplicationConfig) -> dict:
     vocab_file = demo.build_vocab(dcfg, corpus_file)
     shards = demo.build_shards(dcfg, corpus_file, vocab_file)
     plan = steps_for_equal_compute(cfg, vocab_file, dcfg.max_seq_length)
+    finetune_cfg = dataclasses.replace(dcfg, scale=min(1.0, cfg.finetune_examples / 7684))
     runs = []
+    # Zero compute: the same fine-tuning from random initialisation.
+    print("\n=== random initialisation (no pretraining) ===", flush=True)
+    results = demo.finetune_rotten_tomatoes(
+        finetune_cfg, vocab_file, os.path.join(cfg.workdir, "finetune_random"),
+        init_checkpoint=None, num_seeds=cfg.num_seeds)
+    runs.append({"variant": "random_init", "step": 0, "pretrain_flops": 0,
+                 "accuracies": [r["best"]["accuracy"] for r in results["runs"]]})
     for variant in cfg.variants:
         steps, flops_per_step = plan[variant]
         points = [steps * k // cfg.num_points for k in range(1, cfg.num_points + 1)]
@@ -103,8 +111,7 @@ def run(cfg: ReplicationConfig) -> dict:
             disc = export_checkpoint(model_dir, step, os.path.join(model_dir, f"disc_{step}"),
                                      vocab_file)
             results = demo.finetune_rotten_tomatoes(
-                dataclasses.replace(dcfg, scale=min(1.0, cfg.finetune_examples / 7684)),
-                vocab_file, os.path.join(cfg.workdir, f"finetune_{variant}_{step}"),
+                finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_{variant}_{step}"),
                 init_checkpoint=disc, num_seeds=cfg.num_seeds)
             accuracies = [r["best"]["accuracy"] for r in results["runs"]]
             runs.append({"variant": variant, "step": step, "pretrain_flops": step * flops_per_step,
@@ -126,12 +133,12 @@ def results_table(runs) -> str:
     for r in runs:
         if r["variant"] not in final or r["step"] > final[r["variant"]]["step"]:
             final[r["variant"]] = r
-    lines = ["| variant | pretraining steps | PFLOP | RT dev acc. median | min | max | std | "
+    lines = ["| variant | pretraining steps | TFLOP | RT dev acc. median | min | max | std | "
              "paper GLUE (Table 5) |", "|---|---|---|---|---|---|---|---|"]
     for variant, r in sorted(final.items(), key=lambda kv: -statistics.median(kv[1]["accuracies"])):
         acc = r["accuracies"]
         std = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        lines.append(f"| {LABELS[variant]} | {r['step']} | {r['pretrain_flops'] / 1e15:.2f} | "
+        lines.append(f"| {LABELS[variant]} | {r['step']} | {r["pretrain_flops"] / 1e12:.2f} | "
                      f"{statistics.median(acc):.2f} | {min(acc):.2f} | {max(acc):.2f} | {std:.2f} | "
                      f"{PAPER_GLUE[variant]} |")
     return "\n".join(lines)
@@ -144,16 +151,20 @@ def plot(runs, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    baseline = [r for r in runs if r["variant"] == "random_init"]
+    if baseline:
+        ax.axhline(statistics.median(baseline[0]["accuracies"]), color="gray", linestyle="--",
+                   label=LABELS["random_init"])
     for variant in VARIANTS:
         points = sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
                         if r["variant"] == variant)
         if not points:
             continue
-        x = [p[0] / 1e15 for p in points]
+        x = [p[0] / 1e12 for p in points]
         med = [statistics.median(p[1]) for p in points]
         ax.plot(x, med, marker="o", label=LABELS[variant])
         ax.fill_between(x, [min(p[1]) for p in points], [max(p[1]) for p in points], alpha=0.15)
-    ax.set_xlabel("pretraining compute (PFLOP, analytic matmul count)")
+    ax.set_xlabel("pretraining compute (TFLOP, analytic matmul count)")
     ax.set_ylabel("Rotten Tomatoes dev accuracy (median over seeds)")
     ax.set_title("Downstream accuracy vs pretraining compute (min-max band)")
     ax.grid(alpha=0.3)

@@ -27,7 +27,7 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     flops = {v: s * f for v, (s, f) in results["plan"].items()}
     assert steps["mlm"] >= steps["electra"]
     assert abs(flops["mlm"] - flops["electra"]) / flops["electra"] < 0.5
-    assert {r["variant"] for r in results["runs"]} == {"electra", "mlm"}
+    assert {r["variant"] for r in results["runs"]} == {"random_init", "electra", "mlm"}
     assert all(len(r["accuracies"]) == 2 for r in results["runs"])
     table = (workdir / "results.md").read_text()
     assert "| ELECTRA |" in table and "| BERT (MLM) |" in table and "median" in table
