@@ -138,7 +138,7 @@ def results_table(runs) -> str:
     for variant, r in sorted(final.items(), key=lambda kv: -statistics.median(kv[1]["accuracies"])):
         acc = r["accuracies"]
         std = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        lines.append(f"| {LABELS[variant]} | {r['step']} | {r["pretrain_flops"] / 1e12:.2f} | "
+        lines.append(f"| {LABELS[variant]} | {r['step']} | {r['pretrain_flops'] / 1e12:.2f} | "
                      f"{statistics.median(acc):.2f} | {min(acc):.2f} | {max(acc):.2f} | {std:.2f} | "
                      f"{PAPER_GLUE[variant]} |")
     return "\n".join(lines)
