@@ -16,7 +16,7 @@ Rows (dropout on, the full objective, fp32):
 Also measured: the fp32 matmul rate (tf.linalg.matmul 2048x2048x2048, best of a few reps), the
 fraction of it each row achieves, and the binary's overhead over the matching bare step.
 
-FLOPs per training step, counted analytically (`training_flops_per_sequence`): a matmul of an
+FLOPs per training step, counted analytically (`electra_tf.models.flops`): a matmul of an
 [m, k] input with a [k, n] kernel costs 2mkn, so a dense layer costs 2 x its kernel size per
 token. Per token and encoder layer: 2 (4 H^2 + 2 H I) for Q, K, V, output and the FFN, plus
 4 S H for the attention scores (Q K^T) and the weighted sum (A V); the embedding projection
@@ -39,6 +39,8 @@ import time
 
 from absl import app, flags, logging
 
+from electra_tf.models.flops import training_flops_per_sequence
+
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
 _SEQ = flags.DEFINE_integer("seq_length", 128, "Tokens per sequence.")
@@ -51,30 +53,6 @@ _MATMUL_N = flags.DEFINE_integer("matmul_size", 2048, "Size of the reference mat
 _DOCS = flags.DEFINE_integer("corpus_docs", 300, "IMDB reviews in the on-the-fly shards.")
 
 ROWS = ("eager", "function", "xla", "binary", "binary_xla")
-
-
-def training_flops_per_sequence(config, seq_length: int) -> dict:
-    """Analytic matmul FLOPs of one training sequence (see the module docstring)."""
-
-    def encoder(hidden, intermediate, layers):
-        per_token = layers * (2 * (4 * hidden * hidden + 2 * hidden * intermediate)
-                              + 4 * seq_length * hidden)
-        if config.embedding_size != hidden:
-            per_token += 2 * config.embedding_size * hidden
-        return per_token * seq_length
-
-    disc = encoder(config.hidden_size, config.intermediate_size, config.num_layers)
-    disc += seq_length * 2 * (config.hidden_size ** 2 + config.hidden_size)
-    gen = 0
-    if config.objective in ("electra", "electra_15"):
-        g = config.generator_config()
-        gen = encoder(g.hidden_size, g.intermediate_size, g.num_layers)
-        slots = config.num_masked_slots(seq_length)
-        gen += slots * 2 * (g.hidden_size * config.embedding_size
-                            + config.embedding_size * config.vocab_size)
-    forward = disc + gen
-    return {"discriminator_forward": disc, "generator_forward": gen, "forward": forward,
-            "training": 3 * forward}
 
 
 def matmul_rate(n: int, reps: int = 5) -> float:
