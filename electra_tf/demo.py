@@ -313,8 +313,8 @@ def run(cfg: DemoConfig) -> dict:
     print(f"pretrained      {summary['pretraining']['model_dir']} ({pretrained['steps']} steps, "
           f"final loss {pretrained['metrics'].get('loss', float('nan')):.3f})")
     print(f"fine-tuned      {finetuned_dir}")
-    print(f"RT dev accuracy pretrained {accuracy(ft_pretrained):.2f} vs random init "
-          f"{accuracy(ft_random):.2f}")
+    print(f"RT dev accuracy pretrained {accuracy(ft_pretrained):.2f}, random init "
+          + (f"{accuracy(ft_random):.2f}" if ft_random else "skipped at this scale"))
     print(f"SavedModel      {export_path}")
     print(f"served answers  {'match' if served['all_match'] else 'DO NOT match'} the in-process model")
     print(f"time (s)        {summary['seconds']}")
