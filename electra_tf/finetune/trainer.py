@@ -77,6 +77,7 @@ from electra_tf.finetune.config import FinetuningConfig, model_size_of
 from electra_tf.finetune.heads import HEADS, build_head
 from electra_tf.finetune.metrics import TaskMetrics, tagging_accuracy
 from electra_tf.finetune.task_data import Task, get_task, infer_label_names, load_examples
+from electra_tf.training import summaries
 
 FORMAT = "electra_tf_finetuned"
 HEAD_CONFIG = "head_config.json"
@@ -565,9 +566,9 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
             progress.update(step, loss=mean_loss, lr=lr)
             now = time.time()
             with writers["train"].as_default():
-                tf.summary.scalar("loss", mean_loss, step=step)
-                tf.summary.scalar("learning_rate", lr, step=step)
-                tf.summary.scalar("steps_per_sec", (step - last_step) / max(now - last_time, 1e-9), step=step)
+                summaries.scalar("loss", mean_loss, step=step)
+                summaries.scalar("learning_rate", lr, step=step)
+                summaries.scalar("steps_per_sec", (step - last_step) / max(now - last_time, 1e-9), step=step)
             loss_sum, loss_count, last_time, last_step = 0.0, 0, now, step
         if step in eval_steps:
             epoch = round(step / steps_per_epoch, 3)
@@ -575,7 +576,7 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
             history.append({"epoch": epoch, "step": step, **results})
             with writers["eval"].as_default():
                 for name, value in results.items():
-                    tf.summary.scalar(name, value, step=step)
+                    summaries.scalar(name, value, step=step)
             log(f"eval epoch {epoch:g}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
             if chief:
                 write_predictions(records, model_dir / "predictions", f"epoch_{epoch:g}", task.kind)

@@ -81,6 +81,11 @@ class _ClipAfterAllReduce:
         trainable_variables = [
             v.value if isinstance(v, keras.Variable) else v for v in trainable_variables
         ]
+        # Embedding gathers give IndexedSlices gradients. All-reducing those across replicas
+        # takes TF's sparse collective path, whose packed shapes can differ between replicas
+        # ("Shape mismatch in the collective instance"); the update is dense anyway (as the
+        # original's), so densify first and all-reduce one dense tensor per variable.
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
         grads_and_vars = self._all_reduce_sum_gradients(list(zip(grads, trainable_variables)))
         if self.global_clipnorm:
             grads = [g for g, _ in grads_and_vars]

@@ -58,7 +58,7 @@ from absl import logging
 from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
-from electra_tf.training import optimizer as optimizer_lib
+from electra_tf.training import optimizer as optimizer_lib, summaries
 from electra_tf.training.progress import ProgressLogger
 from electra_tf.training.strategy import is_chief
 
@@ -504,7 +504,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                              "tokens_per_second": period_tokens / elapsed,
                              "learning_rate": _learning_rate(opt)}
                     for name, value in {**metrics, **rates}.items():
-                        tf.summary.scalar(name, value, step=step)
+                        summaries.scalar(name, value, step=step)
                     writer.flush()
                     for m in (*model.metrics, grad_norm):
                         m.reset_state()
