@@ -165,6 +165,7 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
         print(f"reusing {model_dir}")
         return json.loads(Path(summary_file).read_text())
     steps = num_steps or cfg.pretrain_steps
+    _check_same_run(model_dir, steps, config_overrides)
     every = math.gcd(steps, *checkpoint_steps) if checkpoint_steps else max(50, steps // 4)
     per_loop = max(d for d in range(1, min(50, every) + 1) if every % d == 0) \
         if checkpoint_steps else min(50, steps)
@@ -180,6 +181,19 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
                "metrics": result.metrics}
     Path(summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _check_same_run(model_dir: str, steps: int, overrides: dict) -> None:
+    """A model_dir left by a different run would be resumed as if it were this one: refuse."""
+    path = os.path.join(model_dir, "pretraining_config.json")
+    if not os.path.exists(path):
+        return
+    saved = json.loads(Path(path).read_text())
+    before = (saved["pretraining_config"]["num_train_steps"],
+              {k: saved["model_config"].get(k) for k in overrides})
+    if before != (steps, overrides):
+        raise ValueError(f"{model_dir} holds another run ({before[0]} steps, {before[1]}) than "
+                         f"this one ({steps} steps, {overrides}); remove it or use another workdir")
 
 
 def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *,
