@@ -42,19 +42,24 @@ def global_sum(x):
     return ctx.all_reduce(tf.distribute.ReduceOp.SUM, x)
 
 
-def weighted_mean(values, weights):
-    """sum(values * weights) / (global sum(weights) + 1e-6): a replica's share of the mean."""
+def weighted_mean(values, weights, global_total):
+    """sum(values * weights) / (global_total + 1e-6): a replica's share of the global mean.
+
+    `global_total` is sum(weights) over all replicas (see `ElectraPretrainer.compute_objective`:
+    every total of a step comes from ONE all-reduce, issued before any loss, so the replicas'
+    collectives always line up).
+    """
     weights = tf.cast(weights, tf.float32)
-    return tf.reduce_sum(values * weights) / (global_sum(tf.reduce_sum(weights)) + 1e-6)
+    return tf.reduce_sum(values * weights) / (global_total + 1e-6)
 
 
-def mlm_loss_terms(logits, labels, weights):
+def mlm_loss_terms(logits, labels, weights, global_total):
     """Cross-entropy and correctness per slot. logits [..., V] float32, labels [...] int."""
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32),
                                                             logits=logits)
     correct = tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
                                tf.cast(labels, tf.int32)), tf.float32)
-    return weighted_mean(losses, weights), correct
+    return weighted_mean(losses, weights, global_total), correct
 
 
 class ElectraPretrainer(keras.Model):
@@ -150,12 +155,20 @@ class ElectraPretrainer(keras.Model):
             special_ids=(c.cls_token_id, c.sep_token_id, c.mask_token_id))
         out = {"masked": batch}
         loss = tf.constant(0.0)
+        # Token weights of the discriminator-side terms, then both global totals at once.
+        if c.objective == "electra_15":
+            token_weights = tf.cast(batch.is_masked, tf.int32)
+        else:
+            token_weights = input_mask
+        slot_total, token_total = tf.unstack(global_sum(tf.stack([
+            tf.reduce_sum(batch.weights), tf.reduce_sum(tf.cast(token_weights, tf.float32))])))
 
         if self.generator is not None:
             gen = self.generator(
                 {"input_ids": batch.masked_input_ids, "input_mask": input_mask,
                  "segment_ids": segment_ids}, training=training, positions=batch.positions)
-            mlm_loss, mlm_correct = mlm_loss_terms(gen["mlm_logits"], batch.masked_ids, batch.weights)
+            mlm_loss, mlm_correct = mlm_loss_terms(gen["mlm_logits"], batch.masked_ids,
+                                                   batch.weights, slot_total)
             replica_seed = seed
             ctx = tf.distribute.get_replica_context()
             if ctx is not None and ctx.num_replicas_in_sync > 1:
@@ -166,8 +179,9 @@ class ElectraPretrainer(keras.Model):
                 disallow_ids=batch.masked_ids if c.disallow_correct else None)
             disc_input_ids, labels = masking.replace_tokens(input_ids, sampled, batch)
             sampled_correct = tf.cast(tf.equal(sampled, batch.masked_ids), tf.float32)
-            out.update(mlm_loss=mlm_loss, mlm_accuracy=weighted_mean(mlm_correct, batch.weights),
-                       sampled_accuracy=weighted_mean(sampled_correct, batch.weights),
+            out.update(mlm_loss=mlm_loss,
+                       mlm_accuracy=weighted_mean(mlm_correct, batch.weights, slot_total),
+                       sampled_accuracy=weighted_mean(sampled_correct, batch.weights, slot_total),
                        sampled_ids=sampled, disc_input_ids=disc_input_ids,
                        replaced_token_labels=labels)
             loss += mlm_loss
@@ -179,21 +193,23 @@ class ElectraPretrainer(keras.Model):
         disc = self.discriminator(disc_inputs, training=training)
 
         if c.objective in ("electra", "electra_15"):
-            weights = input_mask if c.objective == "electra" else tf.cast(batch.is_masked, tf.int32)
+            weights = token_weights
             labels_f = tf.cast(labels, tf.float32)
             logits = disc["rtd_logits"]
             losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels_f, logits=logits)
-            disc_loss = weighted_mean(losses, weights)
+            disc_loss = weighted_mean(losses, weights, token_total)
             predictions = tf.cast(logits > 0, tf.float32)
             correct = tf.cast(tf.equal(predictions, labels_f), tf.float32)
-            out.update(disc_loss=disc_loss, disc_accuracy=weighted_mean(correct, weights),
+            out.update(disc_loss=disc_loss,
+                       disc_accuracy=weighted_mean(correct, weights, token_total),
                        rtd_logits=logits, disc_weights=weights)
             loss += c.disc_weight * disc_loss
         elif c.objective in ("replace_mlm", "mlm"):
             logits = gather_positions(disc["mlm_logits"], batch.positions)
-            main_loss, correct = mlm_loss_terms(logits, batch.masked_ids, batch.weights)
+            main_loss, correct = mlm_loss_terms(logits, batch.masked_ids, batch.weights,
+                                                slot_total)
             out.update(main_mlm_loss=main_loss,
-                       main_mlm_accuracy=weighted_mean(correct, batch.weights))
+                       main_mlm_accuracy=weighted_mean(correct, batch.weights, slot_total))
             loss += main_loss
         else:  # all_tokens_mlm: predict every input token's identity, with the copy gate.
             log_probs = tf.nn.log_softmax(disc["mlm_logits"])  # [batch, seq, V]
@@ -205,9 +221,9 @@ class ElectraPretrainer(keras.Model):
             copy_argmax = tf.argmax(log_probs, -1, output_type=tf.int32)
             correct = tf.where((copy_prob > 0.5) & (is_copy > 0), 1.0,
                                tf.cast(tf.equal(copy_argmax, input_ids), tf.float32))
-            main_loss = weighted_mean(losses, input_mask)
+            main_loss = weighted_mean(losses, input_mask, token_total)
             out.update(main_all_tokens_loss=main_loss,
-                       main_all_tokens_accuracy=weighted_mean(correct, input_mask))
+                       main_all_tokens_accuracy=weighted_mean(correct, input_mask, token_total))
             loss += main_loss
 
         out["loss"] = loss

@@ -202,4 +202,9 @@ def create_strategy(name: str, tpu: str | None = None, num_gpus: int = 0,
         if num_gpus:
             raise StrategyError(f"strategy mirrored: num_gpus={num_gpus} but no GPU is visible")
         devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+        # Replicas on CPUs of one host: reduce by copying to one device. TF's collective ops
+        # here sometimes pair up different tensors of the two replicas inside our multi-step
+        # loop ("Shape mismatch in the collective instance"); copying has no instance keys.
+        return tf.distribute.MirroredStrategy(
+            devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
     return tf.distribute.MirroredStrategy(devices)
