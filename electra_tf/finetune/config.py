@@ -15,9 +15,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 from electra_tf.config import ConfigError, JsonConfig
