@@ -4,7 +4,9 @@
       [--batch_size=16] [--seq_length=128] [--config=electra_small] [--rows=all]
 
 Rows (dropout on, the full objective, fp32):
-  bare eager      `ElectraPretrainer.train_step` called eagerly on one in-memory batch
+  bare eager      `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
+                  in-memory batches (real data varies from step to step; one repeated batch
+                  would flatter the bare step by a few percent)
   bare function   the same step in `tf.function`
   bare XLA        the same step in `tf.function(jit_compile=True)`
   binary          the electra-pretrain path: OneDeviceStrategy, the resumable input pipeline over
@@ -50,6 +52,8 @@ _PER_LOOP = flags.DEFINE_integer("steps_per_loop", 3, "Steps per loop call on th
 _ROWS = flags.DEFINE_list("rows", ["all"], "Rows to run: eager, function, xla, binary, "
                           "binary_xla, or all.")
 _MATMUL_N = flags.DEFINE_integer("matmul_size", 2048, "Size of the reference matmul.")
+_BARE_BATCHES = flags.DEFINE_integer("bare_batches", 4, "Distinct in-memory batches the bare "
+                                     "rows cycle over.")
 _DOCS = flags.DEFINE_integer("corpus_docs", 300, "IMDB reviews in the on-the-fly shards.")
 
 ROWS = ("eager", "function", "xla", "binary", "binary_xla")
@@ -116,6 +120,18 @@ def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir
         pad_token_id=0, cls_token_id=2, sep_token_id=3, mask_token_id=4)
 
 
+def in_memory_batches(data, batch: int, seq: int, count: int) -> list:
+    """The first `count` batches of the shards, as dicts of int32 tensors."""
+    import tensorflow as tf
+
+    spec = {n: tf.io.FixedLenFeature([seq], tf.int64)
+            for n in ("input_ids", "input_mask", "segment_ids")}
+    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).batch(batch)
+    parsed = records.map(lambda r: {k: tf.cast(v, tf.int32)
+                                    for k, v in tf.io.parse_example(r, spec).items()})
+    return list(itertools.islice(iter(parsed), count))
+
+
 def _time_calls(fn, warmup: int, timed: int) -> float:
     """Seconds per call of `fn` (which must block until done)."""
     for _ in range(warmup):
@@ -126,7 +142,7 @@ def _time_calls(fn, warmup: int, timed: int) -> float:
     return (time.perf_counter() - start) / timed
 
 
-def bare_step_seconds(model_config, features, mode: str, warmup: int, steps: int) -> float:
+def bare_step_seconds(model_config, batches, mode: str, warmup: int, steps: int) -> float:
     import keras
     import tensorflow as tf
 
@@ -140,7 +156,8 @@ def bare_step_seconds(model_config, features, mode: str, warmup: int, steps: int
     step = model.train_step
     if mode != "eager":
         step = tf.function(model.train_step, jit_compile=mode == "xla")
-    return _time_calls(lambda: float(step(features)["loss"]), warmup, steps)
+    cycle = itertools.cycle(batches)
+    return _time_calls(lambda: float(step(next(cycle))["loss"]), warmup, steps)
 
 
 def binary_step_seconds(model_config, data, batch: int, seq: int, jit: bool, per_loop: int,
@@ -181,11 +198,8 @@ def main(argv):
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
     data, special_ids = build_shards(base_config.vocab_size, seq, _DOCS.value, workdir)
     model_config = base_config.replace(**special_ids)
-    features = next(iter(tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).batch(batch)
-                         .map(lambda r: {k: tf.cast(v, tf.int32) for k, v in
-                                         tf.io.parse_example(r, {
-                                             n: tf.io.FixedLenFeature([seq], tf.int64) for n in
-                                             ("input_ids", "input_mask", "segment_ids")}).items()})))
+    batches = in_memory_batches(data, batch, seq, _BARE_BATCHES.value)
+    features = batches[0]
     tokens = float(np.sum(features["input_mask"].numpy()))
     flops = training_flops_per_sequence(model_config, seq)
     step_flops = flops["training"] * batch
@@ -195,7 +209,7 @@ def main(argv):
     for row in rows:
         logging.info("benchmark row %s ...", row)
         if row in ("eager", "function", "xla"):
-            results[row] = bare_step_seconds(model_config, features, row, _WARMUP.value,
+            results[row] = bare_step_seconds(model_config, batches, row, _WARMUP.value,
                                              _STEPS.value)
         else:
             results[row] = binary_step_seconds(model_config, data, batch, seq,

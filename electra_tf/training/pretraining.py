@@ -107,6 +107,10 @@ class PretrainingConfig(JsonConfig):
       optimizer: "adamw" (the original AdamWeightDecay) or "lamb".
       weight_decay: decoupled weight decay (0.01).
       clip_norm: global gradient-norm clip (1.0); 0 disables it.
+      adam_beta_2: Adam's second-moment decay (0.999, the paper's). The original AdamWeightDecay
+        has no bias correction, so in the first ~1/(1 - beta_2) steps its updates are several
+        times the learning rate; the paper's 10,000 warmup steps hide that, a run of a few
+        hundred steps does not (use e.g. 0.98 there).
       jit_compile: XLA-compile the replica step.
       mixed_precision: "none", "float16" (with dynamic loss scaling) or "bfloat16".
       seed: model initialisation, masking, dropout and input order.
@@ -127,6 +131,7 @@ class PretrainingConfig(JsonConfig):
     optimizer: str = "adamw"
     weight_decay: float = 0.01
     clip_norm: float = 1.0
+    adam_beta_2: float = 0.999
     jit_compile: bool = False
     mixed_precision: str = "none"
     seed: int = 0
@@ -159,6 +164,8 @@ class PretrainingConfig(JsonConfig):
             fail("weight_decay", "must be >= 0")
         if self.clip_norm < 0:
             fail("clip_norm", "must be >= 0 (0 disables clipping)")
+        if not 0 <= self.adam_beta_2 < 1:
+            fail("adam_beta_2", "must be in [0, 1)")
         if self.optimizer not in OPTIMIZERS:
             fail("optimizer", f"must be one of {', '.join(OPTIMIZERS)}")
         if self.mixed_precision not in MIXED_PRECISION:
@@ -406,7 +413,7 @@ def _build(model_config, config: PretrainingConfig, strategy):
         opt = optimizer_lib.create_optimizer(
             config.optimizer, config.learning_rate, config.num_train_steps,
             config.num_warmup_steps, weight_decay=config.weight_decay,
-            clip_norm=config.clip_norm or None)
+            clip_norm=config.clip_norm or None, beta_2=config.adam_beta_2)
         if config.mixed_precision == "float16":
             opt = keras.optimizers.LossScaleOptimizer(opt)
         model.optimizer = opt
