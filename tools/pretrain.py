@@ -39,6 +39,8 @@ _SAVE = flags.DEFINE_integer("save_checkpoints_steps", None, "Checkpoint interva
 _KEEP = flags.DEFINE_integer("keep_checkpoint_max", None, "Checkpoints to keep.")
 _SUMMARY = flags.DEFINE_integer("summary_steps", None, "TensorBoard summary interval in steps.")
 _OPTIMIZER = flags.DEFINE_enum("optimizer", None, list(pretraining.OPTIMIZERS), "Optimizer.")
+_BETA_2 = flags.DEFINE_float("adam_beta_2", None, "Adam's beta_2 (0.999); 0.98 for runs of a "
+                             "few hundred steps (see the README's short-run section).")
 _JIT = flags.DEFINE_bool("jit_compile", None, "XLA-compile the train step.")
 _MIXED = flags.DEFINE_enum("mixed_precision", None, list(pretraining.MIXED_PRECISION),
                            "Mixed precision policy.")
@@ -51,6 +53,7 @@ _CONFIG_FLAGS = {
     "num_warmup_steps": _WARMUP, "max_seq_length": _MAX_LEN, "steps_per_loop": _PER_LOOP,
     "save_checkpoints_steps": _SAVE, "keep_checkpoint_max": _KEEP, "summary_steps": _SUMMARY,
     "optimizer": _OPTIMIZER, "jit_compile": _JIT, "mixed_precision": _MIXED, "seed": _SEED,
+    "adam_beta_2": _BETA_2,
 }
 
 

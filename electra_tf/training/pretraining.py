@@ -423,6 +423,23 @@ def _build(model_config, config: PretrainingConfig, strategy):
     return model, opt, grad_norm
 
 
+def collapse_warning(metrics: dict, step: int, config: PretrainingConfig) -> str | None:
+    """A message when the discriminator is no better than chance well after the warmup.
+
+    The usual cause is a learning rate too high for the warmup: every token's final hidden
+    state collapses to one vector and the head predicts the base rate (AUC 0.5); fine-tuning
+    from such an encoder learns nothing. Short runs are prone to it (see `adam_beta_2`).
+    """
+    auc = metrics.get("disc_auc")
+    if auc is None or step < max(2 * config.num_warmup_steps, 100) or abs(auc - 0.5) > 0.01:
+        return None
+    return (f"step {step}: discriminator AUC {auc:.3f} = chance. Its token representations "
+            f"have probably collapsed (learning rate {config.learning_rate:g} too high for "
+            f"{config.num_warmup_steps} warmup steps); fine-tuning from it will not learn. "
+            "Lower the learning rate, lengthen the warmup, or for a short run set "
+            "adam_beta_2=0.98.")
+
+
 def _learning_rate(opt) -> float:
     inner = _innermost(opt)
     lr = inner._learning_rate
@@ -486,7 +503,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
         metrics = {}
         saved = latest
-        preempted = False
+        preempted = warned_collapse = False
         with _StopRequest() as stop_request, writer.as_default():
             period_start, period_step, period_tokens = time.time(), step, 0
             while step < config.num_train_steps:
@@ -512,6 +529,10 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                              "learning_rate": _learning_rate(opt)}
                     for name, value in {**metrics, **rates}.items():
                         summaries.scalar(name, value, step=step)
+                    warning = collapse_warning(metrics, step, config)
+                    if warning and not warned_collapse:
+                        logging.warning("%s", warning)
+                        warned_collapse = True
                     writer.flush()
                     for m in (*model.metrics, grad_norm):
                         m.reset_state()

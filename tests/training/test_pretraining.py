@@ -91,6 +91,24 @@ def test_paper_defaults_per_size_and_validation_names_the_field():
         PretrainingConfig(steps_per_loop=0)
 
 
+def test_adam_beta_2_is_validated_and_reaches_the_optimizer(pretrain_vocab):
+    with pytest.raises(PretrainingConfigError, match="PretrainingConfig.adam_beta_2"):
+        PretrainingConfig(adam_beta_2=1.0)
+    config = PretrainingConfig(adam_beta_2=0.98, num_train_steps=10, num_warmup_steps=1)
+    model_config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab)
+    _, opt, _ = pretraining._build(model_config, config, create_strategy("one_device"))
+    assert opt.beta_2 == pytest.approx(0.98)
+
+
+def test_collapse_warning_only_for_a_chance_level_discriminator_after_the_warmup():
+    config = PretrainingConfig(num_warmup_steps=60, learning_rate=2e-3)
+    warning = pretraining.collapse_warning({"disc_auc": 0.501}, 200, config)
+    assert warning and "step 200" in warning and "learning rate 0.002" in warning
+    assert pretraining.collapse_warning({"disc_auc": 0.501}, 100, config) is None  # in warmup
+    assert pretraining.collapse_warning({"disc_auc": 0.70}, 200, config) is None
+    assert pretraining.collapse_warning({"mlm_loss": 6.5}, 200, config) is None  # no RTD
+
+
 # --- in-process runs ----------------------------------------------------------------------------
 @pytest.mark.slow
 def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pretrain_vocab):
@@ -164,7 +182,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, pretrain_sha
                                                           pretrain_vocab, th):
     steps = 10
     common = dict(num_train_steps=steps, steps_per_loop=1, summary_steps=1,
-                  save_checkpoints_steps=4)
+                  save_checkpoints_steps=4, adam_beta_2=0.98)
     straight_dir, resumed_dir = str(tmp_path / "straight"), str(tmp_path / "resumed")
     straight = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, straight_dir,
                                                  **common))
@@ -190,6 +208,8 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, pretrain_sha
     assert f"Resumed from {resumed_dir}/ckpt-{stopped} at step {stopped}" in log2
     out, _ = straight.communicate(timeout=300)
     assert straight.returncode == 0, out[-3000:]
+    recorded = json.loads(open(os.path.join(straight_dir, pretraining.CONFIG_FILE)).read())
+    assert recorded["pretraining_config"]["adam_beta_2"] == 0.98  # the flag reached the config
 
     # Every step summarised exactly once across the two runs.
     assert summaries(resumed_dir)["loss"] == list(range(1, steps + 1))
