@@ -1,6 +1,6 @@
 """Pretraining throughput of ELECTRA-Small on this machine: bare step vs the binary's path.
 
-  python -m tools.benchmark_pretrain [--steps=6] [--warmup_steps=2] [--steps_per_loop=3] \
+  python -m tools.benchmark_pretrain [--steps=4] [--rounds=3] [--warmup_steps=2] [--steps_per_loop=4] \
       [--batch_size=16] [--seq_length=128] [--config=electra_small] [--rows=all]
 
 Rows (dropout on, the full objective, fp32):
@@ -14,6 +14,9 @@ Rows (dropout on, the full objective, fp32):
                   steps per call of the loop function, gradient-norm tracking (checkpoints and
                   summaries are excluded: they run every N steps and are I/O)
   binary XLA      the same with the replica step XLA-compiled
+
+Every row is built and warmed up first, then timed in `--rounds` interleaved rounds of `--steps`
+steps each (median reported), so the machine's drifts hit all rows alike.
 
 Also measured: the fp32 matmul rate (tf.linalg.matmul 2048x2048x2048, best of a few reps), the
 fraction of it each row achieves, and the binary's overhead over the matching bare step.
@@ -34,6 +37,7 @@ optimizer update (and not Einsum), so it is a rough check only (ELECTRA-Small: 1
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import tempfile
@@ -46,9 +50,11 @@ from electra_tf.models.flops import training_flops_per_sequence
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
 _SEQ = flags.DEFINE_integer("seq_length", 128, "Tokens per sequence.")
-_STEPS = flags.DEFINE_integer("steps", 6, "Timed steps per row (rounded up to whole loops).")
+_STEPS = flags.DEFINE_integer("steps", 4, "Timed steps per row and round (rounded up to whole "
+                              "loops).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved timing rounds; the median is reported.")
 _WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Untimed steps first (tracing, compiling).")
-_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 3, "Steps per loop call on the binary path.")
+_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 4, "Steps per loop call on the binary path.")
 _ROWS = flags.DEFINE_list("rows", ["all"], "Rows to run: eager, function, xla, binary, "
                           "binary_xla, or all.")
 _MATMUL_N = flags.DEFINE_integer("matmul_size", 2048, "Size of the reference matmul.")
@@ -126,23 +132,22 @@ def in_memory_batches(data, batch: int, seq: int, count: int) -> list:
 
     spec = {n: tf.io.FixedLenFeature([seq], tf.int64)
             for n in ("input_ids", "input_mask", "segment_ids")}
-    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).batch(batch)
+    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).batch(batch, drop_remainder=True)
     parsed = records.map(lambda r: {k: tf.cast(v, tf.int32)
                                     for k, v in tf.io.parse_example(r, spec).items()})
     return list(itertools.islice(iter(parsed), count))
 
 
-def _time_calls(fn, warmup: int, timed: int) -> float:
+def _seconds_per_call(fn, calls: int) -> float:
     """Seconds per call of `fn` (which must block until done)."""
-    for _ in range(warmup):
-        fn()
     start = time.perf_counter()
-    for _ in range(timed):
+    for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / timed
+    return (time.perf_counter() - start) / calls
 
 
-def bare_step_seconds(model_config, batches, mode: str, warmup: int, steps: int) -> float:
+def bare_step(model_config, batches, mode: str):
+    """(one-step callable, steps per call) of `ElectraPretrainer.train_step` in `mode`."""
     import keras
     import tensorflow as tf
 
@@ -157,11 +162,11 @@ def bare_step_seconds(model_config, batches, mode: str, warmup: int, steps: int)
     if mode != "eager":
         step = tf.function(model.train_step, jit_compile=mode == "xla")
     cycle = itertools.cycle(batches)
-    return _time_calls(lambda: float(step(next(cycle))["loss"]), warmup, steps)
+    return (lambda: float(step(next(cycle))["loss"])), 1
 
 
-def binary_step_seconds(model_config, data, batch: int, seq: int, jit: bool, per_loop: int,
-                        warmup: int, steps: int) -> float:
+def binary_step(model_config, data, batch: int, seq: int, jit: bool, per_loop: int):
+    """(one-loop callable, steps per call) of the electra-pretrain path."""
     import keras
     import tensorflow as tf
 
@@ -179,10 +184,33 @@ def binary_step_seconds(model_config, data, batch: int, seq: int, jit: bool, per
     loop = pretraining.make_loop_fn(model, strategy, jit_compile=jit)
     n = tf.constant(per_loop)
     stop = tf.constant(False)
-    loops_timed = max(1, -(-steps // per_loop))
-    loops_warm = max(1, -(-warmup // per_loop))
-    return _time_calls(lambda: float(loop(iterator, n, stop)[0]), loops_warm,
-                       loops_timed) / per_loop
+    return (lambda: float(loop(iterator, n, stop)[0])), per_loop
+
+
+def time_rows(makers: dict, warmup: int, steps: int, rounds: int) -> dict:
+    """Median seconds per step of each row, timed in `rounds` interleaved rounds.
+
+    Every row is built and warmed up first; then each round times every row in turn, so slow
+    drifts of the machine (other load, clock changes) hit all rows alike instead of whichever
+    row happened to run during them.
+    """
+    import statistics
+
+    calls = {}
+    for row, make in makers.items():
+        logging.info("building and warming up row %s ...", row)
+        fn, per_call = make()
+        for _ in range(max(1, -(-warmup // per_call))):
+            fn()
+        calls[row] = (fn, per_call)
+    samples = {row: [] for row in makers}
+    for r in range(rounds):
+        for row, (fn, per_call) in calls.items():
+            n = max(1, -(-steps // per_call))
+            samples[row].append(_seconds_per_call(fn, n) / per_call)
+        logging.info("round %d/%d: %s", r + 1, rounds,
+                     ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in makers))
+    return {row: statistics.median(v) for row, v in samples.items()}
 
 
 def main(argv):
@@ -205,16 +233,14 @@ def main(argv):
     step_flops = flops["training"] * batch
 
     peak = matmul_rate(_MATMUL_N.value)
-    results = {}
+    makers = {}
     for row in rows:
-        logging.info("benchmark row %s ...", row)
         if row in ("eager", "function", "xla"):
-            results[row] = bare_step_seconds(model_config, batches, row, _WARMUP.value,
-                                             _STEPS.value)
+            makers[row] = functools.partial(bare_step, model_config, batches, row)
         else:
-            results[row] = binary_step_seconds(model_config, data, batch, seq,
-                                               row == "binary_xla", _PER_LOOP.value,
-                                               _WARMUP.value, _STEPS.value)
+            makers[row] = functools.partial(binary_step, model_config, data, batch, seq,
+                                            row == "binary_xla", _PER_LOOP.value)
+    results = time_rows(makers, _WARMUP.value, _STEPS.value, _ROUNDS.value)
 
     profiled = None
     if "function" in rows:
@@ -235,6 +261,8 @@ def main(argv):
     if profiled:
         print(f"FLOPs per step (tf.compat.v1.profiler, registered ops only): "
               f"{profiled / 1e9:.1f} G = {100 * profiled / step_flops:.0f}% of analytic")
+    print(f"Timing: median of {_ROUNDS.value} interleaved rounds of {_STEPS.value} steps per row "
+          f"(after {_WARMUP.value} warm-up steps)")
     print(f"Reference fp32 matmul {_MATMUL_N.value}^3: {peak / 1e9:.1f} GFLOP/s")
     print(f"Real tokens per batch: {tokens:.0f} of {batch * seq}")
     header = (f"{'path':<22}{'steps/s':>9}{'seq/s':>9}{'tokens/s':>10}{'GFLOP/s':>9}"
