@@ -152,21 +152,27 @@ def plot(runs, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     baseline = [r for r in runs if r["variant"] == "random_init"]
+    start = []  # zero compute is random initialisation: every curve starts there
     if baseline:
-        ax.axhline(statistics.median(baseline[0]["accuracies"]), color="gray", linestyle="--",
+        acc = baseline[0]["accuracies"]
+        ax.axhline(statistics.median(acc), color="gray", linestyle="--",
                    label=LABELS["random_init"])
+        start = [(0.0, acc)]
     for variant in VARIANTS:
         points = sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
                         if r["variant"] == variant)
         if not points:
             continue
+        points = start + points
         x = [p[0] / 1e12 for p in points]
         med = [statistics.median(p[1]) for p in points]
-        ax.plot(x, med, marker="o", label=LABELS[variant])
-        ax.fill_between(x, [min(p[1]) for p in points], [max(p[1]) for p in points], alpha=0.15)
+        spread = [[m - min(p[1]) for m, p in zip(med, points)],
+                  [max(p[1]) - m for m, p in zip(med, points)]]
+        ax.errorbar(x, med, yerr=spread, marker="o", capsize=3, label=LABELS[variant])
+    ax.set_xlim(left=0)
     ax.set_xlabel("pretraining compute (TFLOP, analytic matmul count)")
     ax.set_ylabel("Rotten Tomatoes dev accuracy (median over seeds)")
-    ax.set_title("Downstream accuracy vs pretraining compute (min-max band)")
+    ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
