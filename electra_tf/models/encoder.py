@@ -12,6 +12,7 @@ find them by path.
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
 from electra_tf.config import ElectraConfig
@@ -85,6 +86,54 @@ class Embeddings(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+class SelfAttention(keras.layers.MultiHeadAttention):
+    """BERT self-attention with `keras.layers.MultiHeadAttention`'s weights, computed with matmuls.
+
+    The variables (and so checkpoints and conversion) are exactly Keras' `MultiHeadAttention`'s:
+    query/key/value kernels [H, heads, head_dim], output kernel [heads, head_dim, H]. Only the
+    forward pass differs, for speed (profile in BUILD.md): Keras projects Q, K and V with three
+    einsums, each a batched matmul with its own transposes; here ONE [H, 3H] matmul projects all
+    three (the 1/sqrt(head_dim) scale folded into the query kernel), and the scores and the
+    weighted sum are batched matmuls over [batch, heads, seq, head_dim]. Padding keys get -10000
+    added to their scores, as the original `modeling.py` (`attention_mask` adder).
+
+    Called as `layer(x, attention_mask, training=...)` with x [batch, seq, H] and attention_mask
+    [batch, seq] (1 for real tokens). Build it with `build(shape, shape)` like the Keras layer.
+
+    Example:
+    >>> att = SelfAttention(num_heads=2, key_dim=32)
+    >>> att.build((None, None, 64), (None, None, 64))
+    >>> att(keras.random.normal((2, 8, 64)), ops.ones((2, 8))).shape
+    (2, 8, 64)
+    """
+
+    def call(self, x, attention_mask, training=None):
+        # --- forward graph ---
+        heads, head_dim = self._num_heads, self._key_dim
+        width = heads * head_dim
+        batch, seq, hidden = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
+        scale = self._inverse_sqrt_key_dim
+        dense = (self._query_dense, self._key_dense, self._value_dense)
+        kernel = tf.concat([tf.reshape(d.kernel, (hidden, width)) * s
+                            for d, s in zip(dense, (scale, 1.0, 1.0))], axis=1)  # [H, 3 width]
+        bias = tf.concat([tf.reshape(d.bias, (width,)) * s
+                          for d, s in zip(dense, (scale, 1.0, 1.0))], axis=0)  # [3 width]
+        qkv = tf.matmul(tf.reshape(x, (-1, hidden)), kernel) + bias  # [batch * seq, 3 width]
+        qkv = tf.transpose(tf.reshape(qkv, (batch, seq, 3, heads, head_dim)),
+                           (2, 0, 3, 1, 4))  # [3, batch, heads, seq, head_dim]
+        # unstack, not qkv[i]: the gradient of each slice would be a full-size zero-padded tensor.
+        query, key, value = tf.unstack(qkv)
+        scores = tf.matmul(query, key, transpose_b=True)  # [batch, heads, seq, seq]
+        adder = (1.0 - tf.cast(attention_mask, scores.dtype)) * -10000.0  # [batch, seq]
+        probs = tf.nn.softmax(scores + adder[:, None, None, :])
+        probs = self._dropout_layer(probs, training=training)
+        context = tf.matmul(probs, value)  # [batch, heads, seq, head_dim]
+        context = tf.reshape(tf.transpose(context, (0, 2, 1, 3)), (-1, width))
+        out_dense = self._output_dense
+        out = tf.matmul(context, tf.reshape(out_dense.kernel, (width, -1))) + out_dense.bias
+        return tf.reshape(out, (batch, seq, -1))  # [batch, seq, H]
+
+
 class TransformerLayer(keras.layers.Layer):
     """One post-LayerNorm BERT layer: self-attention and FFN, each followed by add & LayerNorm.
 
@@ -104,7 +153,7 @@ class TransformerLayer(keras.layers.Layer):
         init = electra_kernel_initializer(c)
         policy = self.dtype_policy
         # --- layers ---
-        self.attention = keras.layers.MultiHeadAttention(
+        self.attention = SelfAttention(
             num_heads=c.num_heads, key_dim=c.hidden_size // c.num_heads,
             dropout=c.attention_dropout, kernel_initializer=init, name="attention", dtype=policy)
         self.attention_dropout = keras.layers.Dropout(c.hidden_dropout, dtype=policy)
@@ -130,9 +179,8 @@ class TransformerLayer(keras.layers.Layer):
 
     def call(self, x, attention_mask, training=None):
         # --- forward graph ---
-        # attention_mask: [batch, seq] of 1 for real tokens; broadcast over queries.
-        mask = ops.cast(attention_mask[:, None, :], "bool")  # [batch, 1, seq]
-        attended = self.attention(x, x, attention_mask=mask, training=training)
+        # attention_mask: [batch, seq] of 1 for real tokens.
+        attended = self.attention(x, attention_mask, training=training)
         x = self.attention_layer_norm(x + self.attention_dropout(attended, training=training))
         hidden = self.output_dense(self.intermediate(x))
         return self.output_layer_norm(x + self.output_dropout(hidden, training=training))
