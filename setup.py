@@ -12,12 +12,13 @@ EXTRAS = {
     "tfds": ["tensorflow-datasets>=4.9"],
     "hf": ["safetensors>=0.4"],
     "torch": ["torch"],
+    "anchors": ["torch==2.13.0", "transformers>=5.24"],
     "plot": ["matplotlib>=3.7"],
     "tensorboard": ["tensorboard"],
     "test": ["pytest>=8", "pytest-timeout>=2.3"],
 }
 EXTRAS["all"] = sorted(
-    {req for name, reqs in EXTRAS.items() if name not in ("torch", "corpus", "tensorboard") for req in reqs}
+    {req for name, reqs in EXTRAS.items() if name not in ("torch", "anchors", "corpus", "tensorboard") for req in reqs}
 )
 
 setuptools.setup(
