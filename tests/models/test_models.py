@@ -107,3 +107,44 @@ def test_config_round_trip_and_checkpoint_restore(tmp_path):
     assert not np.allclose(restored(inputs)["rtd_logits"], disc(inputs)["rtd_logits"])
     tf.train.Checkpoint(model=restored).restore(path).assert_consumed()
     np.testing.assert_array_equal(restored(inputs)["rtd_logits"], disc(inputs)["rtd_logits"])
+
+
+def test_self_attention_computes_what_keras_multi_head_attention_does():
+    """Same weights, same outputs: the fused QKV path is an optimisation, not a new model."""
+    import keras
+
+    from electra_tf.models.encoder import SelfAttention
+
+    ours = SelfAttention(num_heads=3, key_dim=20)  # 1/sqrt(20) is not a power of two
+    ours.build((None, None, 48), (None, None, 48))
+    keras_mha = keras.layers.MultiHeadAttention(num_heads=3, key_dim=20)
+    keras_mha.build((None, None, 48), (None, None, 48))
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(0, 0.3, w.shape).astype(np.float32) for w in ours.get_weights()]
+    ours.set_weights(weights)
+    keras_mha.set_weights(weights)  # biases included: they are random here, not zero
+    x = tf.constant(rng.normal(size=(3, 9, 48)), tf.float32)
+    mask = np.ones((3, 9), np.int32)
+    mask[1, 5:], mask[2, 2:] = 0, 0
+    got = ours(x, tf.constant(mask)).numpy()
+    want = keras_mha(x, x, attention_mask=mask[:, None, :].astype(bool)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_rate_expectation_and_fresh_draws():
+    from electra_tf.models.encoder import Dropout
+
+    layer = Dropout(0.1, seed=7)
+    x = tf.ones((16, 4, 128, 128))  # 1M elements
+    first, second = layer(x, training=True).numpy(), layer(x, training=True).numpy()
+    dropped = first == 0
+    assert abs(dropped.mean() - 0.1) < 0.002
+    assert abs(first.mean() - 1.0) < 0.005  # kept elements rescaled: the expectation holds
+    assert set(np.unique(first)) == {0.0, np.float32(65536 / (65536 - 6554))}
+    assert 0.15 < (dropped != (second == 0)).mean() < 0.21  # independent masks: 2 p (1 - p)
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    twin = Dropout(0.1, seed=7)  # the draws are a function of the seed generator's state
+    np.testing.assert_array_equal(twin(x, training=True).numpy(), first)
+    # Every position can be dropped: no position is tied to its neighbour's draw.
+    many = np.stack([layer(tf.ones((2, 64)), training=True).numpy() == 0 for _ in range(300)])
+    assert many.any(axis=0).all() and not many.all(axis=0).any()
