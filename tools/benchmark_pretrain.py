@@ -1,45 +1,55 @@
-"""Pretraining throughput of ELECTRA-Small on this machine: bare step vs the binary's path.
+"""Pretraining throughput on this machine: electra_tf's paths, the PyTorch reference, the matmul bound.
 
-  python -m tools.benchmark_pretrain [--steps=4] [--rounds=3] [--warmup_steps=2] [--steps_per_loop=4] \
-      [--batch_size=16] [--seq_length=128] [--config=electra_small] [--rows=all]
+  python -m tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
+      [--rows=function,binary,binary_bf16,torch] [--steps=6] [--rounds=3] [--loss_steps=0]
+  python -m tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
 
-Rows (dropout on, the full objective, fp32):
-  bare eager      `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
-                  in-memory batches (real data varies from step to step; one repeated batch
-                  would flatter the bare step by a few percent)
-  bare function   the same step in `tf.function`
-  bare XLA        the same step in `tf.function(jit_compile=True)`
+Rows (dropout on, the full objective):
+  eager           `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
+                  in-memory batches of the real shards
+  function        the same step in `tf.function` (fp32)
+  xla             the same step in `tf.function(jit_compile=True)`
   binary          the electra-pretrain path: OneDeviceStrategy, the resumable input pipeline over
                   real shards (built on the fly from the embedded IMDB corpus), `steps_per_loop`
                   steps per call of the loop function, gradient-norm tracking (checkpoints and
                   summaries are excluded: they run every N steps and are I/O)
-  binary XLA      the same with the replica step XLA-compiled
+  binary_xla      the same with the replica step XLA-compiled
+  binary_bf16     the binary path under `--mixed_precision=bfloat16` (Keras mixed_bfloat16)
+  model_garden    TF Model Garden's ElectraPretrainer step (`tools/model_garden_reference.py`), run
+                  by the Python of a side venv with TF 2.20 given as --model_garden_python
+  torch           the Hugging Face PyTorch reference step (`tools/torch_reference.py`: generator
+                  ElectraForMaskedLM body + tied head at the masked slots, Gumbel-max sampling,
+                  ElectraForPreTraining, MLM + 50 x RTD, AdamW) on the same in-memory batches,
+                  in a child process (needs `pip install -e .[anchors]`; skipped with the reason
+                  otherwise)
 
-Every row is built and warmed up first, then timed in `--rounds` interleaved rounds of `--steps`
-steps each (median reported), so the machine's drifts hit all rows alike.
+Every row runs in its own process (`tools/row_worker.py`: rows sharing a process slowed each
+other down), is built and warmed up first, then timed in `--rounds` interleaved rounds of `--steps`
+steps each (median reported), so the machine's drifts hit all rows alike; ratios between rows
+are what to quote, never absolute numbers from different runs.
 
-Also measured: the fp32 matmul rate (tf.linalg.matmul 2048x2048x2048, best of a few reps), the
-fraction of it each row achieves, and the binary's overhead over the matching bare step.
+The matmul bound (`tools/matmul_bound.py`): every MatMul/BatchMatMul of the traced fp32 step,
+forward and backward, with its shape, each timed alone with TensorFlow's kernels (and with
+PyTorch's when torch is installed); the bound is what the step would take if only its matmuls
+were left. "% bound" = bound / step time. The graph's matmul FLOPs are printed beside the
+analytic count of `electra_tf.models.flops` (they agree exactly for the default objective).
 
-FLOPs per training step, counted analytically (`electra_tf.models.flops`): a matmul of an
-[m, k] input with a [k, n] kernel costs 2mkn, so a dense layer costs 2 x its kernel size per
-token. Per token and encoder layer: 2 (4 H^2 + 2 H I) for Q, K, V, output and the FFN, plus
-4 S H for the attention scores (Q K^T) and the weighted sum (A V); the embedding projection
-2 E H when E != H. Discriminator head: 2 (H^2 + H) per token. Generator: the same encoder
-terms at its own width, and its MLM head only at the N masked slots per sequence:
-2 (h_g E + E V) (dense to E, then the tied output embedding over the vocabulary). Backward is
-2 x forward, so training = 3 x forward. Embedding lookups, softmax, LayerNorm, GELU and the
-optimizer update are not counted (element-wise, < 2% here). The count is cross-checked with
-TensorFlow's graph profiler (`tf.compat.v1.profiler`, float_operation) on the traced step, which
-counts the op types with registered FLOP statistics: matmuls, but also element-wise ops and the
-optimizer update (and not Einsum), so it is a rough check only (ELECTRA-Small: 109% of the count).
+`--loss_steps=50` also runs a fixed-seed trajectory of that many steps in fp32 and in each mixed
+precision of the rows (`tools/loss_trajectory.py`) and prints the loss difference.
+
+`--scaling=128,256,512` runs the binary path at each length with the same tokens per batch
+(batch = batch_size x seq_length / length) and prints steps/s,
+tokens/s and the peak resident memory of its process.
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
+import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -50,48 +60,56 @@ from electra_tf.models.flops import training_flops_per_sequence
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
 _SEQ = flags.DEFINE_integer("seq_length", 128, "Tokens per sequence.")
-_STEPS = flags.DEFINE_integer("steps", 4, "Timed steps per row and round (rounded up to whole "
+_STEPS = flags.DEFINE_integer("steps", 6, "Timed steps per row and round (rounded up to whole "
                               "loops).")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Interleaved timing rounds; the median is reported.")
-_WARMUP = flags.DEFINE_integer("warmup_steps", 2, "Untimed steps first (tracing, compiling).")
-_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 4, "Steps per loop call on the binary path.")
-_ROWS = flags.DEFINE_list("rows", ["all"], "Rows to run: eager, function, xla, binary, "
-                          "binary_xla, or all.")
-_MATMUL_N = flags.DEFINE_integer("matmul_size", 2048, "Size of the reference matmul.")
+_WARMUP = flags.DEFINE_integer("warmup_steps", 3, "Untimed steps first (tracing, compiling).")
+_PER_LOOP = flags.DEFINE_integer("steps_per_loop", 2, "Steps per loop call on the binary path.")
+_ROWS = flags.DEFINE_list("rows", ["function", "binary", "binary_bf16", "torch"],
+                          "Rows to run: eager, function, xla, binary, binary_xla, binary_bf16, "
+                          "torch, or all.")
+_BOUND = flags.DEFINE_boolean("matmul_bound", True, "Measure the step's matmul bound.")
 _BARE_BATCHES = flags.DEFINE_integer("bare_batches", 4, "Distinct in-memory batches the bare "
-                                     "rows cycle over.")
+                                     "rows (and the torch row) cycle over.")
 _DOCS = flags.DEFINE_integer("corpus_docs", 300, "IMDB reviews in the on-the-fly shards.")
+_LOSS_STEPS = flags.DEFINE_integer("loss_steps", 0, "Fixed-seed steps for the fp32 vs mixed "
+                                   "precision loss comparison (0: skip).")
+_SCALING = flags.DEFINE_list("scaling", [], "Sequence lengths for the scaling table (each in "
+                             "its own process, same tokens per batch); replaces the rows.")
+_JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the results as JSON here.")
+_MODEL_GARDEN = flags.DEFINE_string(
+    "model_garden_python", None, "Python of a side venv with TF 2.20 + tf-models-official (see "
+    "tools/model_garden_reference.py): adds the model_garden row.")
+_SERVE_ROW = flags.DEFINE_string("serve_row", None, "(internal) serve this row as a child process.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "(internal) the inputs of --serve_row.")
 
-ROWS = ("eager", "function", "xla", "binary", "binary_xla")
+ROWS = ("eager", "function", "xla", "binary", "binary_xla", "binary_bf16", "torch",
+        "model_garden")
+NAMES = {"eager": "bare step, eager", "function": "bare step, tf.function",
+         "xla": "bare step, XLA", "binary": "binary", "binary_xla": "binary XLA",
+         "binary_bf16": "binary bf16", "torch": "HF PyTorch reference",
+         "model_garden": "Model Garden (TF 2.20)"}
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                "amx_tile", "amx_bf16")
 
 
-def matmul_rate(n: int, reps: int = 5) -> float:
-    """Best fp32 FLOP/s of tf.linalg.matmul on [n, n] x [n, n]."""
-    import tensorflow as tf
-
-    a = tf.random.normal([n, n])
-    b = tf.random.normal([n, n])
-    tf.linalg.matmul(a, b).numpy()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        tf.linalg.matmul(a, b).numpy()
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
-
-
-def profiler_flops(step_fn, features) -> float | None:
-    """FLOPs of the traced step by tf.compat.v1.profiler (registered op types only)."""
-    import tensorflow as tf
-
+def cpu_description() -> str:
+    """The CPU model and which of the vector/matrix instructions that matter here it has."""
+    model, found = "unknown CPU", set()
     try:
-        graph = tf.function(step_fn).get_concrete_function(features).graph
-        options = tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
-        options["output"] = "none"
-        return float(tf.compat.v1.profiler.profile(graph, options=options).total_float_ops)
-    except Exception as e:  # the profiler is best effort
-        logging.warning("profiler FLOP count failed: %s", e)
-        return None
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    found = set(value.split())
+    except OSError:
+        return model
+    have = [name for name in CPU_FEATURES if name in found]
+    lacks = [name for name in CPU_FEATURES if name not in found]
+    return (f"{model}, {os.cpu_count()} cores; has {' '.join(have) or '-'}; "
+            f"lacks {' '.join(lacks) or '-'}")
 
 
 def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir: str):
@@ -132,24 +150,14 @@ def in_memory_batches(data, batch: int, seq: int, count: int) -> list:
 
     spec = {n: tf.io.FixedLenFeature([seq], tf.int64)
             for n in ("input_ids", "input_mask", "segment_ids")}
-    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).batch(batch, drop_remainder=True)
-    parsed = records.map(lambda r: {k: tf.cast(v, tf.int32)
-                                    for k, v in tf.io.parse_example(r, spec).items()})
+    records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).repeat()
+    parsed = records.batch(batch, drop_remainder=True).map(
+        lambda r: {k: tf.cast(v, tf.int32) for k, v in tf.io.parse_example(r, spec).items()})
     return list(itertools.islice(iter(parsed), count))
 
 
-def _seconds_per_call(fn, calls: int) -> float:
-    """Seconds per call of `fn` (which must block until done)."""
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
-def bare_step(model_config, batches, mode: str):
-    """(one-step callable, steps per call) of `ElectraPretrainer.train_step` in `mode`."""
+def _bare_model(model_config):
     import keras
-    import tensorflow as tf
 
     from electra_tf.models.pretrainer import ElectraPretrainer
     from electra_tf.training.optimizer import create_optimizer
@@ -158,14 +166,22 @@ def bare_step(model_config, batches, mode: str):
     model = ElectraPretrainer(model_config, seed=0)
     model.compile(optimizer=create_optimizer("adamw", 5e-4, 1_000_000, 10))
     model.optimizer.build(model.trainable_variables)
-    step = model.train_step
+    return model
+
+
+def bare_step(model_config, batches, mode: str):
+    """(one-step callable, steps per call) of `ElectraPretrainer.train_step` in `mode`."""
+    import tensorflow as tf
+
+    step = _bare_model(model_config).train_step
     if mode != "eager":
-        step = tf.function(model.train_step, jit_compile=mode == "xla")
+        step = tf.function(step, jit_compile=mode == "xla")
     cycle = itertools.cycle(batches)
     return (lambda: float(step(next(cycle))["loss"])), 1
 
 
-def binary_step(model_config, data, batch: int, seq: int, jit: bool, per_loop: int):
+def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bool = False,
+                mixed_precision: str = "none"):
     """(one-loop callable, steps per call) of the electra-pretrain path."""
     import keras
     import tensorflow as tf
@@ -176,9 +192,14 @@ def binary_step(model_config, data, batch: int, seq: int, jit: bool, per_loop: i
     strategy = create_strategy("one_device")
     config = pretraining.PretrainingConfig(
         train_batch_size=batch, max_seq_length=seq, steps_per_loop=per_loop, jit_compile=jit,
-        num_train_steps=1_000_000)
+        num_train_steps=1_000_000, mixed_precision=mixed_precision)
     keras.utils.set_random_seed(0)
-    model, _, _ = pretraining._build(model_config, config, strategy)
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(pretraining.MIXED_PRECISION[mixed_precision])
+    try:  # layers take the policy when they are built
+        model, _, _ = pretraining._build(model_config, config, strategy)
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
     iterator = iter(strategy.distribute_datasets_from_function(pretraining.resumable_dataset_fn(
         data, batch, seq, seed=0)))
     loop = pretraining.make_loop_fn(model, strategy, jit_compile=jit)
@@ -187,103 +208,256 @@ def binary_step(model_config, data, batch: int, seq: int, jit: bool, per_loop: i
     return (lambda: float(loop(iterator, n, stop)[0])), per_loop
 
 
-def time_rows(makers: dict, warmup: int, steps: int, rounds: int) -> dict:
-    """Median seconds per step of each row, timed in `rounds` interleaved rounds.
-
-    Every row is built and warmed up first; then each round times every row in turn, so slow
-    drifts of the machine (other load, clock changes) hit all rows alike instead of whichever
-    row happened to run during them.
-    """
-    import statistics
-
-    calls = {}
-    for row, make in makers.items():
-        logging.info("building and warming up row %s ...", row)
-        fn, per_call = make()
-        for _ in range(max(1, -(-warmup // per_call))):
-            fn()
-        calls[row] = (fn, per_call)
-    samples = {row: [] for row in makers}
-    for r in range(rounds):
-        for row, (fn, per_call) in calls.items():
-            n = max(1, -(-steps // per_call))
-            samples[row].append(_seconds_per_call(fn, n) / per_call)
-        logging.info("round %d/%d: %s", r + 1, rounds,
-                     ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in makers))
-    return {row: statistics.median(v) for row, v in samples.items()}
-
-
-def main(argv):
-    del argv
-    import numpy as np
+def matmul_bound(model_config, features, worker=None) -> dict:
+    """The step's matmuls (from the traced fp32 bare step) timed alone with TF (and torch)."""
     import tensorflow as tf
 
-    from electra_tf.config import ElectraConfig
+    from tools import matmul_bound as mb
 
-    rows = ROWS if "all" in _ROWS.value else tuple(_ROWS.value)
-    batch, seq = _BATCH.value, _SEQ.value
-    base_config = ElectraConfig.from_json(_CONFIG.value)
+    model = _bare_model(model_config)
+    counts = mb.step_matmuls(tf.function(model.train_step).get_concrete_function(features))
+    specs = sorted(counts, key=lambda spec: -counts[spec] * mb.spec_flops(spec))
+    result = {"counts": counts, "tf": mb.tf_seconds(specs)}
+    if worker is not None:
+        result["torch"] = worker.matmul_seconds(specs)
+    result["flops"] = sum(count * mb.spec_flops(spec) for spec, count in counts.items())
+    for kernel in ("tf", "torch"):
+        if kernel in result:
+            result[f"{kernel}_bound"] = mb.bound_seconds(counts, result[kernel])
+    return result
+
+
+def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisions,
+                    workdir: str) -> dict:
+    """Fixed-seed trajectories (`tools/loss_trajectory.py`, each in its own process): fp32 and
+    each mixed precision -> the per-step losses."""
+    losses = {}
+    for precision in ("none", *precisions):
+        out = os.path.join(workdir, f"loss_{precision}.json")
+        logging.info("loss trajectory, %d steps, mixed precision %s ...", steps, precision)
+        subprocess.run([sys.executable, "-m", "tools.loss_trajectory", f"--config={config_name}",
+                        f"--steps={steps}", f"--batch_size={batch}", f"--seq_length={seq}",
+                        f"--mixed_precision={precision}", f"--out={out}"],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            losses[precision] = json.load(f)["losses"]
+    return losses
+
+
+def print_report(config_name, batch, seq, rows, measured, losses, skipped):
+    import tensorflow as tf
+
+    from tools import matmul_bound as mb
+
+    model_config, samples = measured["model_config"], measured["samples"]
+    bound, tokens = measured.get("bound"), measured["tokens"]
+    torch_info, peaks = measured["torch_info"], measured["peak_rss_mib"]
+
+    flops = training_flops_per_sequence(model_config, seq)
+    step_flops = flops["training"] * batch
+    median = {row: statistics.median(v) for row, v in samples.items()}
+    print()
+    print(f"ELECTRA pretraining step: config {config_name}, batch {batch} x length {seq}, "
+          f"dropout on, objective {model_config.objective}")
+    print(f"CPU: {cpu_description()}")
+    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1 (default)")
+    print(f"TensorFlow {tf.__version__} (TF_ENABLE_ONEDNN_OPTS={onednn})"
+          + (f"; torch {torch_info['torch']}, transformers {torch_info['transformers']}, "
+             f"{torch_info['threads']} threads, attention {torch_info['attn_implementation']}"
+             if torch_info else ""))
+    line = f"FLOPs per step: {step_flops / 1e9:.1f} G analytic"
+    if bound:
+        line += f", {bound['flops'] / 1e9:.1f} G in the traced step's matmuls"
+    print(line + f"; real tokens per batch {tokens:.0f} of {batch * seq}")
+    print(f"Timing: each row in its own process; median of {len(next(iter(samples.values())))} "
+          f"interleaved rounds of {_STEPS.value} steps per row (after {_WARMUP.value} warm-up "
+          "steps)")
+    for row, reason in skipped.items():
+        print(f"  row {row} skipped: {reason}")
+    header = (f"{'path':<24}{'s/step':>8}{'range':>15}{'steps/s':>9}{'tokens/s':>10}"
+              f"{'GFLOP/s':>9}{'% bound':>9}{'x torch':>9}{'peak MiB':>10}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        seconds = median[row]
+        spread = f"{min(samples[row]):.3f}-{max(samples[row]):.3f}"
+        versus = f"{median['torch'] / seconds:.2f}" if "torch" in median else ""
+        bound_share = f"{100 * bound['tf_bound'] / seconds:.0f}%" if bound else ""
+        print(f"{NAMES[row]:<24}{seconds:>8.3f}{spread:>15}{1 / seconds:>9.3f}"
+              f"{batch * seq / seconds:>10.0f}{step_flops / seconds / 1e9:>9.1f}"
+              f"{bound_share:>9}{versus:>9}{peaks.get(row) or 0:>10.0f}")
+    print("tokens/s counts every position (padding included); % bound = TensorFlow's fp32 "
+          "matmul bound / step time; x torch = torch's step time / the row's; peak MiB = the row "
+          "process's peak resident memory.")
+    if "model_garden" in median:
+        print("x Model Garden (its step time / the row's): " + ", ".join(
+            f"{NAMES[row]} {median['model_garden'] / median[row]:.2f}" for row in rows
+            if row != "model_garden"))
+    if bound:
+        print()
+        kernels = ["tf"] + (["torch"] if "torch" in bound else [])
+        print("Matmul bound (each matmul of the step timed alone at its shape, fwd + bwd): "
+              + ", ".join(f"{k} {bound[f'{k}_bound']:.3f} s/step "
+                          f"({bound['flops'] / bound[f'{k}_bound'] / 1e9:.0f} GFLOP/s)"
+                          for k in kernels))
+        counts = bound["counts"]
+        print(f"{len(counts)} distinct shapes, {sum(counts.values())} matmuls; the largest:")
+        header = f"  {'count':>5}  {'shape':<36}" + "".join(f"{k + ' GFLOP/s':>15}" for k in kernels)
+        print(header)
+        by_time = sorted(counts, key=lambda spec: -counts[spec] * bound["tf"][spec])
+        for spec in by_time[:10]:
+            rates = "".join(f"{mb.spec_flops(spec) / bound[k][spec] / 1e9:>15.0f}"
+                            for k in kernels)
+            print(f"  {counts[spec]:>5}  {mb.describe(spec):<36}{rates}")
+    if losses:
+        print()
+        reference = losses["none"]
+        print(f"Loss over a fixed-seed {len(reference)}-step run (fp32 vs mixed precision):")
+        for precision, values in losses.items():
+            if precision == "none":
+                continue
+            diffs = [abs(a - b) for a, b in zip(values, reference)]
+            last = slice(-min(10, len(values)), None)
+            mean_p, mean_r = statistics.mean(values[last]), statistics.mean(reference[last])
+            print(f"  {precision}: max |diff| {max(diffs):.4f} (step {diffs.index(max(diffs))}),"
+                  f" last-10 mean {mean_p:.4f} vs fp32 {mean_r:.4f} "
+                  f"({100 * (mean_p / mean_r - 1):+.2f}%)")
+
+
+def serve_row(row: str, workdir: str) -> None:
+    """The child side of one row (`--serve_row`): builds and serves it (`tools.row_worker`)."""
+    import tensorflow as tf
+
+    from tools import row_worker
+
+    model_config, batches, setup = row_worker.load_inputs(workdir)
+    batches = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
+    if row in ("eager", "function", "xla"):
+        step, per_call = bare_step(model_config, batches, row)
+    else:
+        step, per_call = binary_step(
+            model_config, setup["data"], setup["batch_size"], setup["seq_length"],
+            setup["steps_per_loop"], jit=row == "binary_xla",
+            mixed_precision="bfloat16" if row == "binary_bf16" else "none")
+    row_worker.serve(step, per_call, {"row": row})
+
+
+def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
+    """Builds every row in its own process, warms them up, times them in interleaved rounds."""
+    import numpy as np
+
+    from electra_tf.config import ElectraConfig
+    from tools import row_worker
+
+    base_config = ElectraConfig.from_json(config_name)
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
     data, special_ids = build_shards(base_config.vocab_size, seq, _DOCS.value, workdir)
     model_config = base_config.replace(**special_ids)
     batches = in_memory_batches(data, batch, seq, _BARE_BATCHES.value)
-    features = batches[0]
-    tokens = float(np.sum(features["input_mask"].numpy()))
-    flops = training_flops_per_sequence(model_config, seq)
-    step_flops = flops["training"] * batch
+    row_worker.save_inputs(workdir, model_config, batches, {
+        "data": data, "batch_size": batch, "seq_length": seq,
+        "steps_per_loop": _PER_LOOP.value})
+    workers = {}
+    try:
+        for row in rows:
+            logging.info("building and warming up row %s ...", row)
+            env = None
+            if row == "torch":
+                command = [sys.executable, "-m", "tools.torch_reference", workdir]
+            elif row == "model_garden":
+                command = [_MODEL_GARDEN.value, "-m", "tools.model_garden_reference", workdir]
+                env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                    os.path.abspath(__file__)))}
+            else:
+                command = [sys.executable, "-m", "tools.benchmark_pretrain", f"--serve_row={row}",
+                           f"--workdir={workdir}"]
+            workers[row] = row_worker.Worker(command, row, env)
+            workers[row].steps(_WARMUP.value)
+        samples = {row: [] for row in rows}
+        for r in range(_ROUNDS.value):
+            for row, worker in workers.items():
+                start = time.perf_counter()
+                worker.steps(_STEPS.value)
+                per_call = worker.info["steps_per_call"]
+                done = per_call * -(-_STEPS.value // per_call)
+                samples[row].append((time.perf_counter() - start) / done)
+            logging.info("round %d/%d: %s", r + 1, _ROUNDS.value,
+                         ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in rows))
+        result = {"model_config": model_config, "samples": samples, "workdir": workdir,
+                  "tokens": float(np.mean([np.sum(b["input_mask"].numpy()) for b in batches])),
+                  "torch_info": workers["torch"].info if "torch" in workers else None}
+        if bound:
+            result["bound"] = matmul_bound(model_config, batches[0], workers.get("torch"))
+    finally:
+        peaks = {row: worker.close() for row, worker in workers.items()}
+    result["peak_rss_mib"] = peaks
+    return result
 
-    peak = matmul_rate(_MATMUL_N.value)
-    makers = {}
-    for row in rows:
-        if row in ("eager", "function", "xla"):
-            makers[row] = functools.partial(bare_step, model_config, batches, row)
-        else:
-            makers[row] = functools.partial(binary_step, model_config, data, batch, seq,
-                                            row == "binary_xla", _PER_LOOP.value)
-    results = time_rows(makers, _WARMUP.value, _STEPS.value, _ROUNDS.value)
 
-    profiled = None
-    if "function" in rows:
-        from electra_tf.models.pretrainer import ElectraPretrainer
-        from electra_tf.training.optimizer import create_optimizer
-
-        model = ElectraPretrainer(model_config, seed=0)
-        model.compile(optimizer=create_optimizer("adamw", 5e-4, 1_000_000, 10))
-        model.optimizer.build(model.trainable_variables)
-        profiled = profiler_flops(model.train_step, features)
-
+def run_scaling(lengths) -> None:
+    """The binary path at each length with the same tokens per batch (a process per length)."""
+    tokens = _BATCH.value * _SEQ.value
+    results = []
+    for length in (int(x) for x in lengths):
+        if tokens % length:
+            raise app.UsageError(f"--scaling: {tokens} tokens per batch are not a multiple of "
+                                 f"length {length}")
+        logging.info("scaling: length %d ...", length)
+        measured = measure(_CONFIG.value, ("binary",), tokens // length, length, bound=False)
+        seconds = statistics.median(measured["samples"]["binary"])
+        results.append((length, tokens // length, seconds, measured["peak_rss_mib"]["binary"]))
     print()
-    print(f"ELECTRA pretraining throughput: config {_CONFIG.value}, batch {batch}, length {seq}, "
-          f"dropout on, objective {model_config.objective}, fp32, {os.cpu_count()} CPU cores")
-    print(f"FLOPs per step (analytic): {step_flops / 1e9:.1f} G "
-          f"(discriminator fwd {flops['discriminator_forward'] * batch / 1e9:.1f} G, generator "
-          f"fwd {flops['generator_forward'] * batch / 1e9:.1f} G, x3 for backward)")
-    if profiled:
-        print(f"FLOPs per step (tf.compat.v1.profiler, registered ops only): "
-              f"{profiled / 1e9:.1f} G = {100 * profiled / step_flops:.0f}% of analytic")
-    print(f"Timing: median of {_ROUNDS.value} interleaved rounds of {_STEPS.value} steps per row "
-          f"(after {_WARMUP.value} warm-up steps)")
-    print(f"Reference fp32 matmul {_MATMUL_N.value}^3: {peak / 1e9:.1f} GFLOP/s")
-    print(f"Real tokens per batch: {tokens:.0f} of {batch * seq}")
-    header = (f"{'path':<22}{'steps/s':>9}{'seq/s':>9}{'tokens/s':>10}{'GFLOP/s':>9}"
-              f"{'% matmul':>10}{'overhead':>10}")
-    print(header)
-    print("-" * len(header))
-    names = {"eager": "bare step, eager", "function": "bare step, tf.function",
-             "xla": "bare step, XLA", "binary": f"binary, loop {_PER_LOOP.value}",
-             "binary_xla": f"binary XLA, loop {_PER_LOOP.value}"}
-    bare_for = {"binary": "function", "binary_xla": "xla"}
-    for row in rows:
-        seconds = results[row]
-        rate = step_flops / seconds
-        overhead = ""
-        if row in bare_for and bare_for[row] in results:
-            overhead = f"{100 * (seconds / results[bare_for[row]] - 1):+.1f}%"
-        print(f"{names[row]:<22}{1 / seconds:>9.3f}{batch / seconds:>9.2f}"
-              f"{batch * seq / seconds:>10.0f}{rate / 1e9:>9.1f}{100 * rate / peak:>9.1f}%"
-              f"{overhead:>10}")
-    print("tokens/s counts all positions (padding included); overhead = binary step time over "
-          "the matching bare step's, minus 1.")
+    print(f"Scaling: config {_CONFIG.value}, binary path, fp32, {tokens} tokens per batch, "
+          f"median of {_ROUNDS.value} rounds of {_STEPS.value} steps")
+    print(f"CPU: {cpu_description()}")
+    print(f"{'length':>7}{'batch':>7}{'steps/s':>9}{'tokens/s':>10}{'rel tokens/s':>14}"
+          f"{'peak RSS MiB':>14}")
+    for length, batch, seconds, rss in results:
+        print(f"{length:>7}{batch:>7}{1 / seconds:>9.3f}{tokens / seconds:>10.0f}"
+              f"{results[0][2] / seconds:>14.2f}{rss:>14.0f}")
+
+
+def main(argv):
+    del argv
+    if _SERVE_ROW.value:
+        serve_row(_SERVE_ROW.value, _WORKDIR.value)
+        return
+    if _SCALING.value:
+        run_scaling(_SCALING.value)
+        return
+    rows = ROWS if "all" in _ROWS.value else tuple(_ROWS.value)
+    unknown = [row for row in rows if row not in ROWS]
+    if unknown:
+        raise app.UsageError(f"--rows: unknown row(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(ROWS)} or all")
+    skipped = {}
+    if "model_garden" in rows and not _MODEL_GARDEN.value:
+        skipped["model_garden"] = "needs --model_garden_python (tools/model_garden_reference.py)"
+    elif _MODEL_GARDEN.value and "model_garden" not in rows:
+        rows = (*rows, "model_garden")
+    rows = tuple(row for row in rows if row not in skipped)
+    if "torch" in rows:
+        from tools.torch_reference import available
+
+        reason = available()
+        if reason:
+            skipped["torch"] = reason
+            rows = tuple(row for row in rows if row != "torch")
+    batch, seq = _BATCH.value, _SEQ.value
+    measured = measure(_CONFIG.value, rows, batch, seq, _BOUND.value)
+    losses = None
+    if _LOSS_STEPS.value:
+        precisions = ["bfloat16"] if "binary_bf16" in rows else []
+        losses = loss_comparison(_CONFIG.value, _LOSS_STEPS.value, batch, seq, precisions,
+                                 measured["workdir"])
+    print_report(_CONFIG.value, batch, seq, rows, measured, losses, skipped)
+    if _JSON_OUT.value:
+        medians = {row: statistics.median(v) for row, v in measured["samples"].items()}
+        with open(_JSON_OUT.value, "w") as f:
+            json.dump({"config": _CONFIG.value, "batch_size": batch, "seq_length": seq,
+                       "seconds_per_step": medians, "peak_rss_mib": measured["peak_rss_mib"],
+                       "matmul_bound_seconds": {k: v for k, v in measured.get("bound", {}).items()
+                                                if k.endswith("_bound")}}, f, indent=1)
 
 
 def run():

@@ -5,7 +5,7 @@
 `tools/benchmark_pretrain.py`: each call runs one full pretraining step on the next of `batches`
 (the very batches our rows use, padding included) and blocks until it is done. The benchmark can
 then time it in the same interleaved rounds as our rows and print electra_tf / PyTorch ratios.
-`torch_matmul_rate(shapes)` times `torch.matmul` at given [m, k] x [k, n] shapes, to compare
+`torch_matmul_seconds(specs)` times `torch.matmul` at the `tools.matmul_bound` specs, to compare
 PyTorch's CPU kernels with TensorFlow's at the step's own shapes.
 
 The reference step, and how it mirrors `ElectraPretrainer.train_step` (objective "electra"):
@@ -275,22 +275,43 @@ def torch_step(model_config, batches, threads: int | None = None, *, seed: int =
     return TorchReferenceStep(model_config, batches, threads, seed, attn_implementation), 1
 
 
-def torch_matmul_rate(shapes, reps: int = 5, threads: int | None = None) -> dict:
-    """Best fp32 FLOP/s (2 m k n / seconds) of torch.matmul per (m, k, n): [m, k] x [k, n]."""
+def torch_matmul_seconds(specs, target_seconds: float = 0.05, repeats: int = 3) -> dict:
+    """Seconds per product of torch.matmul for each `tools.matmul_bound` spec (best of
+    `repeats` loops of about `target_seconds`): PyTorch's kernels at the step's shapes."""
     import torch
 
-    if threads:
-        torch.set_num_threads(threads)
-    rates = {}
-    for shape in shapes:
-        m, k, n = (int(x) for x in shape)
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        torch.matmul(a, b)  # warm-up
-        best = float("inf")
-        with torch.no_grad():
-            for _ in range(reps):
+    results = {}
+    with torch.no_grad():
+        for spec in specs:
+            batch, m, k, n, ta, tb = spec
+            a = torch.randn(*batch, *((k, m) if ta else (m, k)))
+            b = torch.randn(*batch, *((n, k) if tb else (k, n)))
+            a, b = (a.transpose(-1, -2) if ta else a), (b.transpose(-1, -2) if tb else b)
+            torch.matmul(a, b)
+            start = time.perf_counter()
+            torch.matmul(a, b)
+            calls = max(2, min(2000, int(target_seconds / max(time.perf_counter() - start, 1e-7))))
+            best = float("inf")
+            for _ in range(repeats):
                 start = time.perf_counter()
-                torch.matmul(a, b)
-                best = min(best, time.perf_counter() - start)
-        rates[tuple(shape)] = 2.0 * m * k * n / best
-    return rates
+                for _ in range(calls):
+                    torch.matmul(a, b)
+                best = min(best, (time.perf_counter() - start) / calls)
+            results[spec] = best
+    return results
+
+
+# --- the worker process ---------------------------------------------------------------------
+def _serve(workdir: str) -> None:
+    """The reference as a `tools.row_worker` child: reads the inputs the benchmark saved."""
+    from tools import row_worker
+
+    model_config, batches, setup = row_worker.load_inputs(workdir)
+    step, per_call = torch_step(model_config, batches, setup.get("torch_threads"))
+    row_worker.serve(step, per_call, step.info, torch_matmul_seconds)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _serve(sys.argv[1])

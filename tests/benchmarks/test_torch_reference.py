@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
-from tools import torch_reference
+from tools import row_worker, torch_reference
 
 CLS, SEP, MASK = 2, 3, 4
 
@@ -120,10 +120,29 @@ def test_masking_follows_our_count_rule(torch, config):
     assert 0.7 < shown.sum() / live.sum() < 0.95  # 85% show [MASK]
 
 
-def test_matmul_rate(torch):
-    rates = torch_reference.torch_matmul_rate([(32, 64, 16), (8, 8, 8)], reps=2)
-    assert set(rates) == {(32, 64, 16), (8, 8, 8)}
-    assert all(r > 0 for r in rates.values())
+def test_matmul_seconds_follow_the_flop_count(torch):
+    small, large = ((), 64, 64, 64, False, False), ((2,), 256, 256, 256, False, True)
+    seconds = torch_reference.torch_matmul_seconds([small, large], target_seconds=0.01)
+    assert set(seconds) == {small, large}
+    assert 0 < seconds[small] < seconds[large]  # 128x the FLOPs
+
+
+def test_worker_process_runs_steps_and_matmuls(torch, config, tmp_path):
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, config.vocab_size, (2, 16)).astype(np.int32)
+    ids[:, 0], ids[:, -1] = CLS, SEP
+    batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
+    row_worker.save_inputs(str(tmp_path), config, [batch], {})
+    worker = row_worker.Worker([sys.executable, "-m", "tools.torch_reference", str(tmp_path)],
+                               "torch")
+    try:
+        assert worker.info["masked_slots"] == config.num_masked_slots(16)
+        losses = [worker.steps(1), worker.steps(2)]
+        assert all(np.isfinite(losses)) and losses[0] != losses[1]
+        spec = ((), 8, 8, 8, False, True)
+        assert worker.matmul_seconds([spec])[spec] > 0
+    finally:
+        assert worker.close() > 0  # peak resident MiB of the child
 
 
 @pytest.mark.parametrize("missing", ["torch", "transformers"])
