@@ -56,6 +56,9 @@ def train(strategy, initial_weights, steps=2):
 def test_mirrored_two_replicas_match_one_device():
     devices = tf.config.list_logical_devices("CPU")
     assert len(devices) >= 2, "tests/conftest.py configures two logical CPUs"
+    # A seeded init: with an unseeded one, which earlier tests ran decided the weights, and a
+    # near-tie between two generator logits could flip the argmax sample between the runs.
+    keras.utils.set_random_seed(0)
     initial = ElectraPretrainer(config()).get_weights()
     one_losses, one_weights = train(tf.distribute.OneDeviceStrategy("/cpu:0"), initial)
     two_losses, two_weights = train(
