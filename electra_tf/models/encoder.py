@@ -55,6 +55,7 @@ def dropout(x, rate: float, seed_generator: keras.random.SeedGenerator):
     return tf.where(keep, x * scale, tf.zeros([], x.dtype))
 
 
+@keras.saving.register_keras_serializable(package="electra_tf")
 class Dropout(keras.layers.Dropout):
     """`keras.layers.Dropout` (same arguments, same seed-generator state) with `dropout` above."""
 
@@ -119,6 +120,7 @@ class Embeddings(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+@keras.saving.register_keras_serializable(package="electra_tf")
 class SelfAttention(keras.layers.MultiHeadAttention):
     """BERT self-attention with `keras.layers.MultiHeadAttention`'s weights, computed with matmuls.
 

@@ -110,8 +110,9 @@ def _as_learning_rate(learning_rate):
 def _adam_weight_decay_update(var, m, v, gradient, lr, decay, *, beta_1, beta_2, epsilon):
     """One variable's update, fused by XLA into a single pass over (var, m, v, gradient).
 
-    The same arithmetic as the original's ops (the constants 1 - beta are taken in double, as
-    TF1 did in Python), where the un-fused graph made ~10 element-wise passes per variable.
+    The original's formula with its constants (1 - beta taken in double, as TF1 did in Python),
+    where the un-fused graph made ~10 element-wise passes per variable. XLA may contract
+    multiply-adds, so a weight can differ from the un-fused ops' by an ulp or two.
     `var`, `m`, `v` are resource handles.
     """
     dtype = gradient.dtype
