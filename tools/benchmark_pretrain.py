@@ -357,7 +357,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     row_worker.save_inputs(workdir, model_config, batches, {
         "data": data, "batch_size": batch, "seq_length": seq,
         "steps_per_loop": _PER_LOOP.value})
-    workers = {}
+    workers, failed = {}, {}
     try:
         for row in rows:
             logging.info("building and warming up row %s ...", row)
@@ -371,8 +371,14 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
             else:
                 command = [sys.executable, "-m", "tools.benchmark_pretrain", f"--serve_row={row}",
                            f"--workdir={workdir}"]
-            workers[row] = row_worker.Worker(command, row, env)
-            workers[row].steps(_WARMUP.value)
+            try:
+                workers[row] = row_worker.Worker(command, row, env)
+                workers[row].steps(_WARMUP.value)
+            except row_worker.WorkerError as e:  # one broken row does not end the benchmark
+                logging.error("%s", e)
+                failed[row] = str(e)
+                workers.pop(row, None)
+        rows = [row for row in rows if row in workers]
         samples = {row: [] for row in rows}
         for r in range(_ROUNDS.value):
             for row, worker in workers.items():
@@ -384,6 +390,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
             logging.info("round %d/%d: %s", r + 1, _ROUNDS.value,
                          ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in rows))
         result = {"model_config": model_config, "samples": samples, "workdir": workdir,
+                  "rows": rows, "failed": failed,
                   "tokens": float(np.mean([np.sum(b["input_mask"].numpy()) for b in batches])),
                   "torch_info": workers["torch"].info if "torch" in workers else None}
         if bound:
@@ -445,6 +452,10 @@ def main(argv):
             rows = tuple(row for row in rows if row != "torch")
     batch, seq = _BATCH.value, _SEQ.value
     measured = measure(_CONFIG.value, rows, batch, seq, _BOUND.value)
+    rows = measured["rows"]
+    skipped.update(measured["failed"])
+    if not rows:
+        raise app.UsageError("every row failed: " + "; ".join(measured["failed"].values()))
     losses = None
     if _LOSS_STEPS.value:
         precisions = ["bfloat16"] if "binary_bf16" in rows else []
