@@ -42,3 +42,21 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
 
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 300 and image.shape[1] > 500 and image.std() > 0
+
+
+def test_table_verdicts_follow_the_numbers():
+    from electra_tf.replication import results_table
+
+    def run(variant, accuracies, step=100):
+        return {"variant": variant, "step": step, "pretrain_flops": step * 1e9,
+                "accuracies": accuracies}
+
+    runs = [run("random_init", [70.0, 71.0, 72.0], 0), run("electra", [74.0, 75.0, 76.0]),
+            run("mlm", [71.0, 73.0, 74.5])]
+    table = results_table(runs)
+    assert "ELECTRA's median above MLM's maximum at equal compute: yes (75.00 vs 74.50)" in table
+    assert "BERT (MLM)'s median above no pretraining's: yes (73.00 vs 71.00)" in table
+    # The full-budget run decides, not an earlier checkpoint.
+    runs.append(run("mlm", [75.5, 76.0, 77.0], step=200))
+    table = results_table(runs)
+    assert "ELECTRA's median above MLM's maximum at equal compute: no (75.00 vs 77.00)" in table
