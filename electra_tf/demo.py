@@ -7,7 +7,7 @@
 
 Every stage writes into `workdir` and is skipped on a rerun when its output is complete, so a
 rerun after an interruption (or with a larger `--scale`, into a new workdir) picks up where it
-stopped. `scale` multiplies the amount of data and training: 1.0 is about fifteen minutes of
+stopped. `scale` multiplies the amount of data and training: 1.0 is about ten minutes of
 pretraining on 2 CPU cores; 0.02 runs the whole chain in a couple of minutes (the CI test).
 """
 
