@@ -59,7 +59,6 @@ class DemoConfig:
     pretrain_learning_rate: float = 1e-4
     pretrain_warmup_fraction: float = 0.1
     pretrain_adam_beta_2: float = 0.98
-    mask_prob: float = 0.15
     finetune_learning_rate: float = 3e-4  # the paper's ELECTRA-Small value (Table 7)
     finetune_epochs: float = 3.0
     finetune_seeds: int = 3  # per encoder; the paper reports the median over seeds
@@ -178,7 +177,6 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
 
     model_dir = model_dir or cfg.path("pretrain")
     steps = num_steps or cfg.pretrain_steps
-    config_overrides = {"mask_prob": cfg.mask_prob, **config_overrides}
     every = math.gcd(steps, *checkpoint_steps) if checkpoint_steps else max(50, steps // 4)
     per_loop = max(d for d in range(1, min(50, every) + 1) if every % d == 0) \
         if checkpoint_steps else min(50, steps)
@@ -254,12 +252,11 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
 
 
 def seed_accuracies(results: dict) -> dict:
-    """{"seeds", "values", "median", "min", "max"} of one encoder's fine-tuning runs."""
-    import statistics
-
-    values = [r["best"]["accuracy"] for r in results["runs"]]
-    return {"seeds": [r["seed"] for r in results["runs"]], "values": values,
-            "median": statistics.median(values), "min": min(values), "max": max(values)}
+    """{"seeds", "values", "median", "min", "max"} of one encoder's fine-tuning runs, from the
+    spread `run_seeds` already computed."""
+    spread = results["summary"]["accuracy"]
+    return {"seeds": results["seeds"], "values": spread["values"], "median": spread["median"],
+            "min": spread["min"], "max": spread["max"]}
 
 
 def comparison(pretrained: dict, random_init: dict) -> dict:

@@ -29,11 +29,11 @@ _SPLIT = flags.DEFINE_enum("eval_split", "dev", ["dev", "tune"],
                            "split and score on the other ~15%: choose recipes with 'tune'.")
 _CORPUS = flags.DEFINE_float("corpus_scale", 1.0, "Fraction of the IMDB reviews to pack.")
 _RECIPE = flags.DEFINE_list(
-    "recipe", [], "Pretraining recipe changes, e.g. pretrain_learning_rate=2e-4,mask_prob=0.25 "
-    "(fields of electra_tf.demo.DemoConfig: pretrain_learning_rate, pretrain_adam_beta_2, "
-    "pretrain_warmup_fraction, pretrain_batch_size, mask_prob).")
+    "recipe", [], "Pretraining recipe changes, e.g. pretrain_learning_rate=2e-4 (fields of "
+    "electra_tf.demo.DemoConfig: pretrain_learning_rate, pretrain_adam_beta_2, "
+    "pretrain_warmup_fraction, pretrain_batch_size).")
 _OVERRIDE = flags.DEFINE_list(
-    "override", [], "Demo model config changes, e.g. generator_hidden_size=0.125,num_layers=6.")
+    "override", [], "Demo model config changes, e.g. mask_prob=0.25,generator_hidden_size=0.125.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of pretraining and the first fine-tuning run.")
 
 
