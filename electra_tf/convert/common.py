@@ -8,11 +8,19 @@ the [H, heads, head_dim] of Keras' MultiHeadAttention.
 
 Loading is all-or-nothing: every name is checked (missing, mis-shaped, unknown) before the first
 variable is assigned, so a failed conversion leaves the model untouched.
+
+A file cut short or damaged (an interrupted download or copy) is a ConversionError naming the file,
+whatever the format: the readers underneath do not name it (TensorFlow raises
+`IndexError("Read less bytes than requested")` for a cut `.data-*` file, safetensors
+"incomplete metadata").
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -316,3 +324,72 @@ def check_vocab_size(config, vocab_size: int, where: str) -> None:
     if config.vocab_size != vocab_size:
         raise ConversionError(f"vocabulary size mismatch: config.vocab_size={config.vocab_size} but "
                               f"{where} has {vocab_size} rows")
+
+
+# --- damaged files -------------------------------------------------------------------------------
+def _one_line(reason) -> str:
+    """The first line of a reader's message (or exception), at most 200 characters."""
+    if isinstance(reason, BaseException):
+        reason = getattr(reason, "message", None) or str(reason) or type(reason).__name__
+    reason = re.sub(r"^\{\{function_node [^}]*\}\}\s*", "", str(reason))  # TF op-wrapper noise
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    line = lines[0] if lines else "unreadable"
+    return line if len(line) <= 200 else line[:200] + "..."
+
+
+def damaged(path, reason) -> ConversionError:
+    """The error for a checkpoint file that cannot be read as what it claims to be.
+
+    `reason`: text, or the reader's exception; only its first line is kept (one-line errors).
+    """
+    return ConversionError(f"{path} is truncated or corrupt ({_one_line(reason)}); "
+                           "re-download or re-write it")
+
+
+def read_json(path) -> dict:
+    """The JSON object in a file of a checkpoint folder (config.json, markers, shard indexes)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise damaged(path, f"line {e.lineno}: not valid JSON: {e.msg}") from None
+    except UnicodeDecodeError as e:
+        raise damaged(path, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    if not isinstance(value, dict):
+        raise damaged(path, f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def open_tf_checkpoint(prefix: str):
+    """`tf.train.load_checkpoint(prefix)`; a damaged or missing `.index` is a ConversionError.
+
+    Opening reads only the index; the tensors are read later, inside `reading_tf_tensors`.
+    """
+    import tensorflow as tf
+
+    try:
+        return tf.train.load_checkpoint(prefix)
+    except tf.errors.NotFoundError:
+        raise ConversionError(f"{prefix}.index: missing") from None
+    except (IndexError, tf.errors.OpError) as e:
+        raise damaged(f"{prefix}.index", e) from None
+
+
+@contextlib.contextmanager
+def reading_tf_tensors(prefix: str):
+    """Around reads of tensors of checkpoint `prefix` (after `open_tf_checkpoint` succeeded).
+
+    Errors then come from the `.data-*` files: a ConversionError names them.
+    """
+    import tensorflow as tf
+
+    try:
+        yield
+    except (IndexError, tf.errors.OpError) as e:
+        shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
+        if not shards or getattr(e, "error_code", None) == tf.errors.NOT_FOUND:
+            raise ConversionError(f"{prefix}: a data file of the checkpoint is missing "
+                                  f"({_one_line(e)})") from None
+        where = shards[0] if len(shards) == 1 else f"{prefix}.data-* ({len(shards)} files)"
+        # TensorFlow's IndexError ("Read less bytes than requested") is a cut file.
+        reason = "shorter than its .index says" if isinstance(e, IndexError) else e
+        raise damaged(where, reason) from None

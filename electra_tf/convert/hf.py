@@ -28,8 +28,9 @@ import numpy as np
 
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, Slot, assign, check_vocab_size, model_kind, model_slots,
-    plan_load, vocab_overrides)
+    ConversionError, ConversionReport, Slot, assign, check_vocab_size, damaged, model_kind,
+    model_slots, plan_load, read_json, vocab_overrides)
+from electra_tf.files import give_normal_mode
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
@@ -77,7 +78,7 @@ def read_hf_config(folder) -> dict:
     path = Path(folder) / "config.json"
     if not path.exists():
         raise ConversionError(f"no Hugging Face config.json in {folder}")
-    hf = json.loads(path.read_text())
+    hf = read_json(path)
     if hf.get("model_type", "electra") != "electra":
         raise ConversionError(f"{path}: model_type is {hf.get('model_type')!r}, not 'electra'")
     return hf
@@ -153,7 +154,10 @@ def _read_torch(path) -> dict[str, np.ndarray]:
         raise ConversionError(
             f"{path} is a PyTorch pickle and reading it needs torch, which is not installed "
             "(pip install 'electra_tf[torch]'), or provide model.safetensors instead") from None
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # a cut zip or pickle: RuntimeError, EOFError, UnpicklingError, ...
+        raise damaged(path, f"torch.load: {type(e).__name__}: {e}") from None
     return {k: (v.detach().float() if v.is_floating_point() else v.detach()).numpy()
             for k, v in state.items()}
 
@@ -172,14 +176,22 @@ def load_state_dict(path) -> dict[str, np.ndarray]:
     if path.is_dir():
         path = weights_file(path)
     if path.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        weight_map = read_json(path).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise damaged(path, "no 'weight_map' object")
         state = {}
-        for shard in shards:
+        for shard in sorted(set(weight_map.values())):
+            if not (path.parent / shard).exists():
+                raise ConversionError(f"{path.parent / shard}: missing (listed in {path})")
             state.update(load_state_dict(path.parent / shard))
         return state
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.numpy import load_file
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except SafetensorError as e:
+            raise damaged(path, f"safetensors: {e}") from None
     if path.suffix in (".bin", ".pt", ".pth"):
         return _read_torch(path)
     raise ConversionError(f"{path}: not a .safetensors or pytorch .bin file")
@@ -369,6 +381,7 @@ def export_hf(model, output_dir, *, vocab_file=None) -> ConversionReport:
         tensors, architecture, mapped = hf_tensors(network)
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        give_normal_mode(folder / "model.safetensors")  # save_file leaves 0600
         (folder / "config.json").write_text(
             json.dumps(config_to_hf(network.config, architecture), indent=2) + "\n")
         if vocab_file is not None and Path(vocab_file).resolve() != (folder / "vocab.txt").resolve():

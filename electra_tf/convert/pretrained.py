@@ -25,7 +25,8 @@ from typing import NamedTuple
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import hf, tf1
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, check_vocab_size, model_kind)
+    ConversionError, ConversionReport, check_vocab_size, damaged, model_kind, open_tf_checkpoint,
+    read_json, reading_tf_tensors)
 
 FORMATS = ("tf1", "hf", "electra_tf")
 KINDS = ("discriminator", "generator", "pretrainer")
@@ -82,8 +83,10 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
 
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
-    marker = json.loads((folder / MARKER).read_text())
-    saved = marker["kind"]
+    marker = read_json(folder / MARKER)
+    saved = marker.get("kind")
+    if saved not in KINDS:
+        raise damaged(folder / MARKER, f"field 'kind': expected one of {KINDS}, got {saved!r}")
     saved_config = ElectraConfig.from_json(folder / marker.get("config", "config.json"))
     if config is not None:
         config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
@@ -106,7 +109,9 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
         model = Generator(config if saved == "generator" else config.generator_config())
         objects = {"generator": model}
     prefix = str(folder / marker.get("checkpoint", CHECKPOINT_NAME))
-    status = tf.train.Checkpoint(**objects).read(prefix)
+    variables = open_tf_checkpoint(prefix).get_variable_to_shape_map()
+    with reading_tf_tensors(prefix):
+        status = tf.train.Checkpoint(**objects).read(prefix)
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
@@ -115,7 +120,7 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
     report = ConversionReport(source=f"electra_tf:{folder}", target=f"{kind} ({model.name})")
     report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
     restored = tuple(f"{k}/" for k in objects)
-    for name, _ in tf.train.list_variables(prefix):
+    for name in sorted(variables):
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith(restored):
             report.ignored.append((name, f"not part of the {kind}"))
     vocab = folder / "vocab.txt"

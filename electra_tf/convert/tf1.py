@@ -24,7 +24,7 @@ import numpy as np
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
     KNOWN_TF1_NAME, ConversionError, ConversionReport, assign, check_vocab_size, model_kind,
-    model_slots, part_of, plan_load, vocab_overrides)
+    model_slots, open_tf_checkpoint, part_of, plan_load, reading_tf_tensors, vocab_overrides)
 
 WORD_EMBEDDINGS = "electra/embeddings/word_embeddings"
 GEN_WORD_EMBEDDINGS = "generator/embeddings/word_embeddings"
@@ -72,12 +72,12 @@ def resolve_checkpoint(path) -> tuple[str, str | None]:
 
 
 def read_shapes(prefix: str) -> dict[str, tuple]:
-    import tensorflow as tf
-
-    shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    shapes = open_tf_checkpoint(prefix).get_variable_to_shape_map()
     if "_CHECKPOINTABLE_OBJECT_GRAPH" in shapes:
-        raise ConversionError(f"{prefix} is an object-based TF2 checkpoint, not a name-based TF1 one "
-                              "(use input_format='electra_tf' for checkpoints written by electra_tf)")
+        raise ConversionError(
+            f"{prefix} is an object-based TF2 checkpoint (a pretraining run's ckpt-N?), not a "
+            "name-based TF1 one: give the folder save_electra_checkpoint wrote (a pretraining run "
+            "exports <model_dir>/discriminator)")
     return {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}
 
 
@@ -170,10 +170,8 @@ def load_tf1(model, path, *, allow_unknown: bool = False, allow_missing: bool = 
     Every checkpoint tensor is mapped or explicitly ignored (Adam slots, global_step,
     `task_specific/` heads, and the other network's weights when loading only one of them).
     Raises ConversionError naming the variable(s) and shapes on anything else; nothing is
-    assigned then.
+    assigned then, nor when a checkpoint file is damaged (every tensor is read first).
     """
-    import tensorflow as tf
-
     prefix, _ = resolve_checkpoint(path)
     shapes = read_shapes(prefix)
     kind = model_kind(model)
@@ -185,8 +183,10 @@ def load_tf1(model, path, *, allow_unknown: bool = False, allow_missing: bool = 
     report = plan_load(slots, shapes, classify=_classifier(kind, model, ignore_task_specific),
                        allow_missing=allow_missing, allow_unknown=allow_unknown,
                        source=f"tf1:{prefix}", target=f"{kind} ({model.name})")
-    reader = tf.train.load_checkpoint(prefix)
-    assign(slots, {s.name: reader.get_tensor(s.name) for s in slots if s.name in shapes})
+    reader = open_tf_checkpoint(prefix)
+    with reading_tf_tensors(prefix):
+        arrays = {s.name: reader.get_tensor(s.name) for s in slots if s.name in shapes}
+    assign(slots, arrays)
     return report
 
 

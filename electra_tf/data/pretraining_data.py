@@ -21,6 +21,12 @@ Two parts:
      config skips shards that have their final name and deletes stale temp files; a rerun with a
      different config into the same directory is refused.
   4. `manifest.json` is written last: config, per-shard example/token counts, totals.
+  5. Stopping. SIGTERM or SIGINT makes the builder stop its workers (each deletes the temp file
+     of the shard it was writing), delete any temp file left, and raise `BuildInterrupted`:
+     finished shards stay and a rerun resumes. Workers ignore SIGINT (a terminal's Ctrl-C reaches
+     the whole process group; the builder stops them in order) and exit by themselves, deleting
+     their temp file, within `ORPHAN_POLL_SECONDS` of the builder dying without cleaning up
+     (SIGKILL, OOM killer). A worker that dies alone ends the build the same way.
 
 Bad input: non-UTF-8 bytes are reported with file:line and replaced by U+FFFD (`on_error="warn"`)
 or stop the build (`on_error="fail"`); empty input files are skipped with a warning; blank-only
@@ -35,6 +41,7 @@ from the start, so prefer plain files or many small .gz files for big corpora.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import glob
 import gzip
@@ -44,6 +51,8 @@ import math
 import multiprocessing
 import os
 import random
+import signal
+import threading
 import time
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -61,10 +70,25 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 TOKENIZE_BATCH_LINES = 4096
 # Auto shard count: one shard per MiB of input text, at least 8, at most the original's 1000.
 AUTO_SHARD_BYTES = 1 << 20
+ORPHAN_POLL_SECONDS = 0.5  # how often a worker checks that the builder is still alive
+STOP_GRACE_SECONDS = 5.0  # after SIGTERM to the workers, how long before SIGKILL
 
 
 class BadInputError(ValueError):
     """An input file cannot be used; the message names the file (and line)."""
+
+
+class BuildInterrupted(Exception):
+    """The build stopped early (a signal, or a worker died); finished shards are kept.
+
+    `exit_status` is what a binary should exit with: 128 + the signal number (the shell's
+    convention for "killed by"), or 1 when a worker died.
+    """
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_status = 128 + signum if signum else 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +380,34 @@ def _init_worker(config: BuildConfig, index: UnitIndex, num_shards: int, progres
     )
 
 
+def _init_pool_worker(builder_pid: int, *args):
+    """`_init_worker` for a pool process, which never outlives the build (module docstring, 5)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop_worker)
+    threading.Thread(target=_exit_when_orphaned, args=(builder_pid,), daemon=True,
+                     name="exit-when-orphaned").start()
+    _init_worker(*args)
+
+
+def _stop_worker(signum=signal.SIGTERM, frame=None):
+    """Deletes the temp file of the shard being written and exits at once.
+
+    os._exit, not an exception: the pool's worker loop would catch it and take the next shard.
+    """
+    tmp = _WORKER.get("tmp")
+    if tmp is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+    os._exit(128 + signum)
+
+
+def _exit_when_orphaned(builder_pid: int):
+    # Polling works on every platform (prctl(PR_SET_PDEATHSIG) is Linux-only) and costs nothing.
+    while os.getppid() == builder_pid:
+        time.sleep(ORPHAN_POLL_SECONDS)
+    _stop_worker()
+
+
 def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig):
     """Yields (line_no, text) for unit u, decoding and truncating with file:line diagnostics."""
     path = index.files[index.file_index[u]]
@@ -411,6 +463,7 @@ def build_shard(shard: int) -> dict:
 
     final = os.path.join(config.output_dir, shard_name(shard, num_shards))
     tmp = os.path.join(config.output_dir, "." + shard_name(shard, num_shards) + ".tmp")
+    _WORKER["tmp"] = tmp  # for _stop_worker
     builder = ExampleBuilder(
         config.max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
         random.Random(shard_seed(config.seed, shard)),
@@ -500,6 +553,7 @@ def build_shard(shard: int) -> dict:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        _WORKER["tmp"] = None
     return stats
 
 
@@ -544,10 +598,78 @@ def _input_description(files: Sequence[str], embedded: bool) -> list:
     return [{"path": f, "bytes": os.path.getsize(f)} for f in files]
 
 
+def _remove_temp_files(output_dir: str) -> None:
+    """Deletes the temp files of unfinished shards (and their stats) in `output_dir`."""
+    stats_dir = os.path.join(output_dir, STATS_DIR)
+    temp = [os.path.join(output_dir, n) for n in os.listdir(output_dir)
+            if n.startswith("." + SHARD_PREFIX) and n.endswith(".tmp")]
+    if os.path.isdir(stats_dir):
+        temp += [os.path.join(stats_dir, n) for n in os.listdir(stats_dir) if n.endswith(".tmp")]
+    for path in temp:
+        with contextlib.suppress(FileNotFoundError):  # a worker may delete its own meanwhile
+            os.remove(path)
+
+
+@contextlib.contextmanager
+def _signals_raise_interrupted():
+    """While the block runs, SIGTERM and SIGINT raise BuildInterrupted (main thread only).
+
+    The first signal also ignores further ones, so the cleanup it starts is not cut short; the
+    cleanup is bounded (STOP_GRACE_SECONDS), and the previous handlers come back afterwards.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal.signal works in the main thread only; a caller's thread keeps its handling
+        return
+    signums = (signal.SIGTERM, signal.SIGINT)
+    previous = {s: signal.getsignal(s) for s in signums}
+
+    def interrupted(signum, frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        raise BuildInterrupted(f"interrupted by {signal.Signals(signum).name}", signum)
+
+    for s in signums:
+        signal.signal(s, interrupted)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _stop_workers(workers: list) -> None:
+    """SIGTERM to each pool process (it deletes its temp file and exits), SIGKILL if it lingers."""
+    for p in workers:
+        p.terminate()
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for p in workers:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in workers:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def build_pretraining_data(
     config: BuildConfig, progress_every: float = 5.0, on_shard_done: Callable | None = None
 ) -> dict:
-    """Builds (or resumes) the shards described by `config`; returns the manifest dict."""
+    """Builds (or resumes) the shards described by `config`; returns the manifest dict.
+
+    Raises BuildInterrupted on SIGTERM / SIGINT (when called from the main thread) or when a
+    worker process dies; no process and no temp file is left then (module docstring, 5).
+    """
+    try:
+        with _signals_raise_interrupted():
+            return _build(config, progress_every, on_shard_done)
+    except BuildInterrupted as e:
+        out = config.output_dir
+        kept = [n for n in os.listdir(out) if n.startswith(SHARD_PREFIX + "-")] \
+            if os.path.isdir(out) else []
+        raise BuildInterrupted(f"{e}; {len(kept)} finished shard(s) kept in {out}, no partial "
+                               "ones: rerun the same command to resume", e.signum) from None
+
+
+def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable | None) -> dict:
     from electra_tf.data.tokenizer import file_sha256, load_vocab
 
     config.validate()
@@ -598,9 +720,7 @@ def build_pretraining_data(
     else:
         _write_json_atomic(key_path, build_key)
 
-    for name in os.listdir(config.output_dir):  # leftovers of a killed run
-        if name.startswith("." + SHARD_PREFIX) and name.endswith(".tmp"):
-            os.remove(os.path.join(config.output_dir, name))
+    _remove_temp_files(config.output_dir)  # leftovers of a killed run
     todo = [s for s in range(num_shards)
             if not os.path.exists(os.path.join(config.output_dir, shard_name(s, num_shards)))]
     if len(todo) < num_shards:
@@ -634,9 +754,10 @@ def build_pretraining_data(
         # BrokenProcessPool instead of hanging when a worker dies (OOM killer, signal).
         ctx = multiprocessing.get_context("spawn")
         q = ctx.Queue()
+        others = set(multiprocessing.active_children())  # the caller's own, never stopped here
         executor = concurrent.futures.ProcessPoolExecutor(
-            num_processes, mp_context=ctx, initializer=_init_worker,
-            initargs=(config, index, num_shards, q))
+            num_processes, mp_context=ctx, initializer=_init_pool_worker,
+            initargs=(os.getpid(), config, index, num_shards, q))
         try:
             pending = {executor.submit(build_shard, s) for s in todo}
             while pending:
@@ -646,10 +767,14 @@ def build_pretraining_data(
                     progress.add(*q.get(), done, num_shards)
                 for future in ready:
                     finished(future.result())  # re-raises a worker's error here
-        except BaseException:
-            # Shards already renamed stay; running ones finish or leave a temp file that the
-            # next run deletes.
+        except BaseException as e:
+            # Renamed shards stay; the workers go, and with them every temp file.
+            _stop_workers([p for p in multiprocessing.active_children() if p not in others])
             executor.shutdown(wait=False, cancel_futures=True)
+            _remove_temp_files(config.output_dir)
+            if isinstance(e, concurrent.futures.BrokenExecutor):
+                raise BuildInterrupted(
+                    "a worker process died (out of memory, or killed by a signal)") from None
             raise
         executor.shutdown(wait=True)
         while not q.empty():

@@ -233,9 +233,17 @@ def load_examples(task: Task, split: str = "train", *, path: str | os.PathLike |
         only recorded in messages).
       path: a local file: .csv, .tsv, .jsonl, .json (SQuAD), .txt/.conll (CoNLL columns).
       data_dir: TFDS data directory (used when `path` is None and the task has `tfds_name`).
+
+    Raises TaskDataError naming the file and the split when a local file holds no example (a
+    header and nothing else, say): training and evaluation need at least one.
     """
     if path is not None:
-        return read_file(task, path)
+        examples = read_file(task, path)
+        if not examples:
+            raise TaskDataError(f"{os.fspath(path)}: no {split} examples in the file (task "
+                                f"{task.name!r}): it has no data rows, only a header or blank "
+                                "lines")
+        return examples
     if task.name == "rotten_tomatoes":
         return rotten_tomatoes_examples(split)
     if task.tfds_name:

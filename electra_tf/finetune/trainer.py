@@ -353,6 +353,8 @@ def load_finetuned(path):
     """
     import tensorflow as tf
 
+    from electra_tf.convert.common import open_tf_checkpoint, reading_tf_tensors
+
     folder = find_finetuned(path)
     info_path = folder / HEAD_CONFIG
     try:
@@ -364,7 +366,10 @@ def load_finetuned(path):
     if info.get("kind") not in HEADS:
         raise ValueError(f"{info_path}:1: field 'kind': expected one of {sorted(HEADS)}, got {info.get('kind')!r}")
     head = HEADS[info["kind"]].from_config(info["head_config"])
-    status = tf.train.Checkpoint(model=head).read(str(folder / info.get("checkpoint", CHECKPOINT_NAME)))
+    prefix = str(folder / info.get("checkpoint", CHECKPOINT_NAME))
+    open_tf_checkpoint(prefix)  # a damaged file: a ConversionError (a ValueError) naming it
+    with reading_tf_tensors(prefix):
+        status = tf.train.Checkpoint(model=head).read(prefix)
     status.assert_existing_objects_matched()
     status.expect_partial()
     return head, info, str(folder / info.get("vocab", "vocab.txt"))

@@ -61,6 +61,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
+from electra_tf.files import give_normal_mode
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
@@ -594,6 +595,7 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
     # Write beside BASE/NAME, then rename into it: a polling server never sees half a model.
     staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
     try:
+        give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
         archive.write_out(staging, verbose=False)
         report = {
             "model_name": model_name,

@@ -1,6 +1,10 @@
-"""electra_tf/convert/pretrained.py and tools/convert.py: our format, detection, the binary."""
+"""electra_tf/convert/pretrained.py and tools/convert.py: our format, detection, the binary, damaged
+files (every format, both binaries) and the mode of written files."""
 
 import json
+import os
+import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +15,7 @@ import pytest
 from electra_tf.convert import (
     ConversionError, ConversionReport, detect_format, from_pretrained, load_pretrained,
     save_electra_checkpoint)
+from electra_tf.convert.pretrained import save
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,3 +91,116 @@ def test_convert_binary_tf1_to_hf_to_electra_tf(tmp_path, tiny_ckpt):
     disc, config, vocab = from_pretrained(tmp_path / "ours", "discriminator")
     assert_same_weights(load_pretrained(tiny_ckpt, "discriminator").model, disc)
     assert vocab is not None and config.vocab_size == 112
+
+
+# --- damaged files and file modes -----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def written(tmp_path_factory, tiny_ckpt):
+    """The tiny discriminator written by our own writers, in each format: {format: folder}."""
+    loaded = load_pretrained(tiny_ckpt, "discriminator")
+    root = tmp_path_factory.mktemp("written")
+    for fmt in ("tf1", "hf", "electra_tf"):
+        save(loaded.model, root / fmt, fmt, vocab_file=loaded.vocab_path, config=loaded.config)
+    return root
+
+
+# (format, file cut, bytes kept: None = half, what the message says besides the file)
+TRUNCATIONS = {
+    "hf-safetensors-body": ("hf", "model.safetensors", None, "incomplete metadata"),
+    "hf-safetensors-header": ("hf", "model.safetensors", 20, "safetensors"),
+    "hf-config": ("hf", "config.json", 40, "not valid JSON"),
+    "tf1-data": ("tf1", "model.ckpt-0.data-00000-of-00001", None, "shorter than its .index says"),
+    "tf1-index": ("tf1", "model.ckpt-0.index", None, "sstable"),
+    "electra_tf-data": ("electra_tf", "model.data-00000-of-00001", None,
+                        "shorter than its .index says"),
+    "electra_tf-index": ("electra_tf", "model.index", None, "sstable"),
+    "electra_tf-marker": ("electra_tf", "electra_tf_checkpoint.json", 30, "not valid JSON"),
+}
+
+
+def truncated_copy(written, tmp_path, case):
+    """A copy of `written`'s folder for the case with one file cut short: (folder, that file)."""
+    fmt, name, keep, _ = TRUNCATIONS[case]
+    folder = tmp_path / case
+    shutil.copytree(written / fmt, folder)
+    path = folder / name
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2 if keep is None else keep)
+    return folder, path
+
+
+@pytest.mark.parametrize("case", sorted(TRUNCATIONS))
+def test_truncated_file_is_one_error_naming_it(written, tmp_path, case):
+    folder, path = truncated_copy(written, tmp_path, case)
+    with pytest.raises(ConversionError) as info:
+        load_pretrained(folder, "discriminator")
+    message = str(info.value)
+    assert message.startswith(f"{path} is truncated or corrupt (") and "\n" not in message
+    assert TRUNCATIONS[case][3] in message
+
+
+def test_missing_data_file_is_named(written, tmp_path):
+    shutil.copytree(written / "electra_tf", tmp_path / "ours")
+    (tmp_path / "ours" / "model.data-00000-of-00001").unlink()
+    with pytest.raises(ConversionError, match="ours/model: a data file of the checkpoint is miss"):
+        load_pretrained(tmp_path / "ours", "discriminator")
+
+
+def test_truncated_pytorch_bin_is_named(written, tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import load_file
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "config.json").write_bytes((written / "hf" / "config.json").read_bytes())
+    state = load_file(str(written / "hf" / "model.safetensors"))
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, folder / "pytorch_model.bin")
+    path = folder / "pytorch_model.bin"
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    with pytest.raises(ConversionError, match=f"^{path} is truncated or corrupt \\(torch.load: "):
+        load_pretrained(folder, "discriminator")
+
+
+@pytest.mark.slow  # six processes, each importing TensorFlow (~40 s)
+def test_binaries_report_a_truncated_checkpoint_in_one_line(written, tmp_path):
+    """electra-convert and electra-finetune --init_checkpoint: one line naming the file, exit 1."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ntok1 tok2,a\ntok3,b\n")
+    for case in ("hf-safetensors-body", "tf1-data", "electra_tf-data"):
+        folder, path = truncated_copy(written, tmp_path, case)
+        commands = {
+            "electra-convert": ["tools.convert", f"--input={folder}",
+                                f"--output={tmp_path / (case + '-out')}", "--output_format=hf"],
+            "electra-finetune": ["tools.finetune", "--task=classification", f"--train_file={train}",
+                                 f"--eval_file={train}", "--text_column=text",
+                                 "--label_column=label", f"--init_checkpoint={folder}",
+                                 f"--model_dir={tmp_path / (case + '-ft')}"],
+        }
+        for tool, args in commands.items():
+            result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                                    capture_output=True, text=True, timeout=300)
+            assert result.returncode == 1, (tool, case, result.stderr[-3000:])
+            assert "Traceback" not in result.stderr, (tool, case, result.stderr[-3000:])
+            last = result.stderr.strip().splitlines()[-1]
+            assert last.startswith(f"{tool}: error: {path} is truncated or corrupt ("), (case, last)
+    assert not (tmp_path / "hf-safetensors-body-out").exists()  # nothing written on failure
+
+
+def test_written_files_get_the_normal_mode(tiny_ckpt, tmp_path):
+    """Every file a conversion writes is 0666 & ~umask, as open() gives: safetensors' save_file
+    alone would leave model.safetensors 0600; TF's checkpoints go through a temp file too."""
+    loaded = load_pretrained(tiny_ckpt, "discriminator")
+    previous = os.umask(0o027)  # not the usual 022: the umask is honoured, not a fixed 0644
+    try:
+        for fmt in ("hf", "tf1", "electra_tf"):
+            save(loaded.model, tmp_path / fmt, fmt, vocab_file=loaded.vocab_path,
+                 config=loaded.config)
+    finally:
+        os.umask(previous)
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode))
+             for p in tmp_path.rglob("*") if p.is_file()}
+    assert "hf/model.safetensors" in modes and "electra_tf/model.index" in modes
+    assert modes == {name: oct(0o640) for name in modes}

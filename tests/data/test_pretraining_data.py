@@ -197,17 +197,26 @@ def _cli(out, corpus, vocab_file, procs=2):
             "--num_shards=24", f"--num_processes={procs}", "--seed=1", "--progress_every=0.2"]
 
 
-@pytest.mark.slow
-def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb_docs, vocab_file,
-                                                        helpers):
+@pytest.fixture(scope="module")
+def imdb4000(tmp_path_factory, vocab_file, helpers):
+    """4,000 IMDB reviews (5 MB: 24 shards, about a second of work for the builder once its
+    workers are up) and the bytes of an uninterrupted build: (text file, {shard name: bytes})."""
+    import itertools
+
     from electra_tf.data import corpus
 
-    docs = list(__import__("itertools").islice(corpus.imdb_documents(), 4000))
-    text = helpers.write_corpus(tmp_path / "imdb4000.txt", docs)
-    ref, _ = build(tmp_path, [text], vocab_file, name="ref", num_shards=24, seed=1)
+    folder = tmp_path_factory.mktemp("imdb4000")
+    text = helpers.write_corpus(folder / "imdb4000.txt",
+                                itertools.islice(corpus.imdb_documents(), 4000))
+    ref, _ = build(folder, [text], vocab_file, name="ref", num_shards=24, seed=1)
     ref_bytes = {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(ref)}
     assert len(ref_bytes) == 24
+    return text, ref_bytes
 
+
+@pytest.mark.slow
+def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb4000, vocab_file, helpers):
+    text, ref_bytes = imdb4000
     out = str(tmp_path / "killed")
     env = dict(os.environ, PYTHONPATH=REPO)
     # One process keeps the test lean (each process imports TF); test_same_seed_... covers
@@ -252,6 +261,92 @@ def test_resume_after_sigkill_equals_uninterrupted_run(tmp_path, imdb_docs, voca
                                            for f in helpers.shard_files(out))
 
 
+def _proc_stat(pid):
+    """(ppid, state, start time) of a live process from /proc, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": comm may hold spaces
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(fields[1]), fields[0], fields[19]
+
+
+def _children(pid):
+    """{child pid: start time} of `pid`: its pool workers and multiprocessing's resource tracker."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _proc_stat(int(name))) and stat[0] == pid:
+            out[int(name)] = stat[2]
+    return out
+
+
+def _still_running(processes, timeout):
+    """The processes of {pid: start time} still running (not gone, not a zombie) after `timeout`."""
+    deadline = time.time() + timeout
+    while True:
+        running = [pid for pid, start in processes.items()
+                   if (stat := _proc_stat(pid)) and stat[2] == start and stat[1] != "Z"]
+        if not running or time.time() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+@pytest.mark.slow  # each case starts the builder and two workers, each importing TF (~20 s)
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="finds the workers through /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL],
+                         ids=["SIGTERM", "SIGINT", "SIGKILL"])
+def test_signal_to_builder_leaves_no_worker_and_no_partial_shard(tmp_path, imdb4000, vocab_file,
+                                                                  helpers, signum):
+    text, ref_bytes = imdb4000
+    out = str(tmp_path / "out")
+    command = _cli(out, text, vocab_file, procs=2)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    stderr_path = tmp_path / "stderr.txt"
+    with open(stderr_path, "wb") as stderr:  # a file: a pipe would hang while an orphan holds it
+        proc = subprocess.Popen(command, cwd=REPO, env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    workers = {}
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:  # until a shard is being written
+            if os.path.isdir(out) and any(n.endswith(".tmp") for n in os.listdir(out)):
+                workers = _children(proc.pid)
+                os.kill(proc.pid, signum)  # the builder only, not its process group
+                break
+            time.sleep(0.005)
+        assert workers, "the builder should be killed while its workers write shards"
+        proc.wait(timeout=30)
+        left = _still_running(workers, timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in _still_running(workers, timeout=0):
+            os.kill(pid, signal.SIGKILL)
+    stderr = stderr_path.read_text(errors="replace")
+    assert len(workers) >= 2, workers  # the two workers (and multiprocessing's resource tracker)
+    assert left == [], f"still running after 5 s: {left}"
+    if signum == signal.SIGKILL:
+        assert proc.returncode == -signal.SIGKILL
+    else:
+        assert proc.returncode == 128 + signum, stderr[-2000:]
+        last = stderr.strip().splitlines()[-1]
+        assert last.startswith(f"electra-build-data: interrupted by {signum.name}; "), last
+        assert "rerun the same command to resume" in last and "Traceback" not in stderr
+    finished = helpers.shard_files(out)
+    assert len(finished) < 24, "the signal should land mid-run"
+    assert [n for n in os.listdir(out) if n.endswith(".tmp")] == []
+    assert [n for n in os.listdir(os.path.join(out, ".shard_stats")) if n.endswith(".tmp")] == []
+    for f in finished:  # nothing partial under a final name
+        assert open(f, "rb").read() == ref_bytes[os.path.basename(f)]
+    if signum != signal.SIGTERM:
+        return
+    rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr.decode()[-2000:]
+    resumed = {os.path.basename(f): open(f, "rb").read() for f in helpers.shard_files(out)}
+    assert resumed == ref_bytes
+
+
 def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
     out, manifest = built_shards
     names = [os.path.basename(f) for f in helpers.shard_files(out)]
@@ -267,6 +362,19 @@ def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
         len(helpers.read_records(os.path.join(out, n))) for n in names]
     assert all(s["tokens"] > 0 for s in manifest["shards"])
     assert len(manifest["inputs"]) == 2
+
+
+def test_shards_and_manifest_get_the_normal_mode(built_shards):
+    """Shards and stats go through temp files and renames; they keep open()'s 0666 & ~umask."""
+    import stat
+
+    from electra_tf.files import umask
+
+    out, _ = built_shards
+    paths = [os.path.join(root, n) for root, _, names in os.walk(out) for n in names]
+    modes = {os.path.relpath(p, out): stat.S_IMODE(os.stat(p).st_mode) for p in paths}
+    assert "manifest.json" in modes and "pretrain_data.tfrecord-00000-of-00004" in modes
+    assert modes == {name: 0o666 & ~umask() for name in modes}
 
 
 def test_gz_input_gives_the_same_shards(tmp_path, corpus_dir, vocab_file, built_shards, helpers):

@@ -80,6 +80,19 @@ def test_bad_input_names_file_line_and_field(tmp_path, name, content, task, line
     assert what in message, message
 
 
+@pytest.mark.parametrize("name,content,task", [
+    ("dev.tsv", "s1\ts2\tlabel\n", PAIR),
+    ("dev.csv", "text,label\n\n", SENT.with_label_names(["0", "1"])),
+    ("dev.jsonl", "\n", REG),
+    ("dev.conll", "", TAG.with_label_names(["O"])),
+    ("dev.json", '{"data": []}', td.get_task("squad1.1")),
+])
+def test_file_without_examples_names_file_and_split(tmp_path, name, content, task):
+    path = write(tmp_path, name, content)
+    message = error(td.load_examples, task, "dev", path=path)
+    assert message.startswith(f"{path}: no dev examples in the file (task {task.name!r})"), message
+
+
 def test_tagging_jsonl_and_conll(tmp_path):
     path = write(tmp_path, "t.jsonl", '{"tokens": ["He", "ran"], "labels": ["S-NP", "S-VP"]}\n')
     task = TAG.with_label_names(td.infer_label_names(TAG, path))

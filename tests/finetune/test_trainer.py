@@ -214,6 +214,23 @@ def test_bad_inputs_name_file_line_and_field(tmp_path, tiny_config, vocab_file):
         load_finetuned(tmp_path)
 
 
+def test_truncated_finetuned_checkpoint_names_the_file(tmp_path, tiny_config, vocab_file):
+    from electra_tf.finetune.task_data import Task
+    from electra_tf.finetune.trainer import save_finetuned
+
+    head = SentenceClassifier(tiny_config, num_labels=2)
+    task = Task("sentiment", "classification", ("neg", "pos"))
+    best = save_finetuned(head, tmp_path / "best", task=task, vocab_file=vocab_file, fc=FC,
+                          label_names=task.label_names)
+    data = best / "model.data-00000-of-00001"
+    with open(data, "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    with pytest.raises(ValueError) as info:  # electra-export reports a ValueError in one line
+        load_finetuned(tmp_path)
+    assert str(info.value) == (f"{data} is truncated or corrupt (shorter than its .index says); "
+                               "re-download or re-write it")
+
+
 def test_for_model_size_defaults():
     assert FinetuningConfig.for_model_size("small", "sst-2").learning_rate == 1e-4
     large = FinetuningConfig.for_model_size("large", "rte")
@@ -278,6 +295,19 @@ def test_binary_reports_bad_input(tmp_path, vocab_file):
                        f"--model_dir={tmp_path / 'out'}")
     assert proc.returncode != 0
     assert f"{train}:1: field 'review': missing column" in proc.stderr
+
+
+def test_binary_names_a_header_only_eval_file_and_its_split(tmp_path, vocab_file):
+    train, dev = tmp_path / "train.tsv", tmp_path / "dev.tsv"
+    train.write_text("sentence\tlabel\na fine film\tpos\na dull film\tneg\n")
+    dev.write_text("sentence\tlabel\n")
+    proc = _run_binary("--task=classification", f"--train_file={train}", f"--eval_file={dev}",
+                       "--text_column=sentence", "--config=electra_tiny",
+                       f"--vocab_file={vocab_file}", f"--model_dir={tmp_path / 'out'}")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"electra-finetune: error: {dev}: no dev examples in the file (task 'classification'): "
+        "it has no data rows, only a header or blank lines")
 
 
 @pytest.mark.slow  # two runs, one mirrored over the two logical CPUs of tests/conftest.py (~20 s)

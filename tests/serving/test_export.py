@@ -443,6 +443,21 @@ def test_versions_next_free_and_never_overwritten(exports, export_base, cases, v
     assert E.next_version(os.path.join(export_base, "missing")) == 1
 
 
+def test_export_folder_gets_the_normal_mode(cases, vocab_file, export_base):
+    """The version folder is staged with mkdtemp (0700) and renamed: it must end up 0777 & ~umask,
+    or TF Serving under another account cannot read it."""
+    import stat
+
+    from electra_tf.files import umask
+
+    info = {"kind": "classification", "max_seq_length": SEQ,
+            "label_names": ["negative", "positive"]}
+    path = E.export_head(cases["classification"].head, info, vocab_file, export_base, "modes",
+                         ids_only=True, verbose=False)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o777 & ~umask()
+    assert stat.S_IMODE(os.stat(os.path.join(path, "saved_model.pb")).st_mode) == 0o666 & ~umask()
+
+
 # ---------------------------------------------------------------------------------------
 # End to end: export -> ModelServer over real sockets.
 # ---------------------------------------------------------------------------------------
