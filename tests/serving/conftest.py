@@ -8,6 +8,8 @@ Signatures (all with a batch dimension):
   `logits` [batch, 2] (one output).
 - `echo`: tf.string `data` -> tf.string `echo` = data + b"\\xff" (bytes that are not
   UTF-8, so the REST response must fall back to {"b64": ...}).
+- `lookup`: int32 `ids` [batch] -> float32 `value` = [0, 1, 2, 3][ids] + V; an id outside
+  0..3 fails inside the graph (InvalidArgument), as a token id beyond the vocabulary does.
 
 Version V adds V to the second logit, so responses tell the versions apart.
 """
@@ -56,6 +58,10 @@ class TinyClassifier(tf.Module):
     def echo(self, data):
         return {"echo": tf.strings.join([data, tf.fill(tf.shape(data), b"\xff")])}
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int32, name="ids")])
+    def lookup(self, ids):
+        return {"value": tf.gather(tf.range(4, dtype=tf.float32) + self.bias, ids)}
+
 
 def save_tiny_model(path: str, version: int) -> None:
     module = TinyClassifier(float(version))
@@ -64,6 +70,7 @@ def save_tiny_model(path: str, version: int) -> None:
         "single_text": module.single_text,
         "serve_ids": module.serve_ids,
         "echo": module.echo,
+        "lookup": module.lookup,
     })
 
 

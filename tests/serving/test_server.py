@@ -374,10 +374,13 @@ def _python_env():
 
 
 @pytest.mark.slow
-def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base):
+def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base, tmp_path):
+    batching = tmp_path / "batching.config"
+    batching.write_text("max_batch_size { value: 8 }\nnum_batch_threads { value: 1 }\n")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", "--rest_api_port=0",
-         "--port=0", "--file_system_poll_wait_seconds=1"],
+         "--port=0", "--file_system_poll_wait_seconds=1", "--rest_idle_timeout_seconds=1",
+         "--enable_batching", f"--batching_parameters_file={batching}"],
         cwd=REPO, env=_python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -394,6 +397,8 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base):
         assert len(ports) == 2, "".join(lines)
         client = RestClient("127.0.0.1", ports["REST"], "tiny")
         assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+        with socket.create_connection(("127.0.0.1", ports["REST"]), timeout=10) as idle:
+            assert idle.recv(1) == b""  # closed by the server after --rest_idle_timeout_seconds
         out = subprocess.run(
             [sys.executable, "-m", "tools.client", f"--server=127.0.0.1:{ports['gRPC']}", "--protocol=grpc",
              "--model_name=tiny", "--text=a b c", "--text_pair=d", "--text=x", "--text_pair="],
@@ -410,3 +415,17 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_serve_binary_rejects_a_bad_batching_file(model_base, tmp_path):
+    batching = tmp_path / "batching.config"
+    batching.write_text("max_batch_size { value: 8 }\nbatch_size { value: 4 }\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", "--enable_batching",
+         f"--batching_parameters_file={batching}"],
+        cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode != 0
+    assert f'{batching}: 2:1 : Message type "tensorflow.serving.BatchingParameters" has no field named "batch_size"' in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,342 @@
+"""How model calls are scheduled: a bounded number at a time, in arrival order, batched or not.
+
+A request thread (REST connection or gRPC worker) validates its inputs, then hands the model
+call to a scheduler and waits. Two schedulers share one method, `run(signature, inputs)`:
+
+- `Unbatched(threads)`: at most `threads` calls at once (default: one per core); the
+  others wait first come, first served. `threading.Semaphore` would let a newcomer take a
+  freed slot ahead of a thread that has waited longer, which shows in the tail latency.
+- `Batcher(parameters)`: TF Serving's `--enable_batching`. Concurrent requests for the same
+  signature of the same loaded version whose inputs have the same names, dtypes and
+  non-batch dimensions are queued together and run as one call on their rows
+  concatenated; the outputs are split back by rows. `num_batch_threads` threads run
+  batches (they are the compute bound); with `batch_timeout_micros` 0 a batch is whatever
+  is queued when a thread comes free, so batches grow with the load and cost nothing
+  without it. An input without a batch dimension runs alone.
+
+A batch must not let one request's error reach the others: if the merged call fails, or
+its outputs cannot be split by rows, each request of the batch is run again on its own
+and gets its own answer or error.
+
+`BatchingParameters` reads TF Serving's `--batching_parameters_file` (a text
+`BatchingParameters` proto); its defaults are TF Serving's (`BasicBatchScheduler::Options`).
+
+Example:
+
+    params = read_batching_parameters("batching.config")  # max_batch_size { value: 32 } ...
+    batcher = Batcher(params)
+    outputs = batcher.run(signature, {"text": np.array([b"a movie"], dtype=object)})
+    batcher.stop()
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import threading
+import time
+from typing import Mapping, Protocol
+
+import grpc
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format, wrappers_pb2
+
+from serving.errors import ServingError, invalid, unavailable
+
+log = logging.getLogger(__name__)
+
+
+class ModelCall(Protocol):
+    """What a scheduler runs: `serving.server.Signature`."""
+
+    name: str
+
+    def call(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+# ----------------------------------------------------------------------------- parameters
+
+_SUPPORTED = ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches", "num_batch_threads")
+
+
+def _batching_parameters_proto():
+    """TF Serving's BatchingParameters message (session_bundle_config.proto), built at run time
+    because the `tensorflow-serving-api` package does not ship it."""
+    pool = descriptor_pool.DescriptorPool()
+    wrappers = descriptor_pb2.FileDescriptorProto()
+    wrappers_pb2.DESCRIPTOR.CopyToProto(wrappers)
+    pool.Add(wrappers)
+    file = descriptor_pb2.FileDescriptorProto(
+        name="session_bundle_config.proto", package="tensorflow.serving", syntax="proto3",
+        dependency=["google/protobuf/wrappers.proto"],
+    )
+    message = file.message_type.add(name="BatchingParameters")
+    F = descriptor_pb2.FieldDescriptorProto
+    fields = [(name, F.TYPE_MESSAGE, ".google.protobuf.Int64Value", F.LABEL_OPTIONAL) for name in _SUPPORTED]
+    fields += [
+        ("thread_pool_name", F.TYPE_MESSAGE, ".google.protobuf.StringValue", F.LABEL_OPTIONAL),
+        ("allowed_batch_sizes", F.TYPE_INT64, None, F.LABEL_REPEATED),
+        ("pad_variable_length_inputs", F.TYPE_BOOL, None, F.LABEL_OPTIONAL),
+    ]
+    for number, (name, type_, type_name, label) in enumerate(fields, start=1):
+        message.field.add(name=name, number=number, type=type_, label=label, **({"type_name": type_name} if type_name else {}))
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingParameters:
+    """TF Serving's batching parameters, with its defaults.
+
+    Args:
+        max_batch_size: rows in one batch; a request with more rows is rejected.
+        batch_timeout_micros: how long a batch that is not full may wait for more requests.
+        max_enqueued_batches: queued (not yet running) batches per queue; above, UNAVAILABLE.
+        num_batch_threads: batches run at once.
+    """
+
+    max_batch_size: int = 1000
+    batch_timeout_micros: int = 0
+    max_enqueued_batches: int = 10
+    num_batch_threads: int = os.cpu_count() or 1
+
+    def __post_init__(self):
+        for name in _SUPPORTED:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < (0 if name == "batch_timeout_micros" else 1):
+                raise ValueError(f"batching parameter {name} must be {'>= 0' if name == 'batch_timeout_micros' else '>= 1'}, got {value!r}")
+
+    @classmethod
+    def from_text(cls, text: str, where: str = "batching parameters") -> "BatchingParameters":
+        """Parse a text BatchingParameters proto, e.g. `max_batch_size { value: 32 }`."""
+        proto = _batching_parameters_proto()()
+        try:
+            text_format.Parse(text, proto)
+        except text_format.ParseError as e:
+            raise ValueError(f"{where}: {e} (this server reads {', '.join(_SUPPORTED)})") from None
+        if proto.allowed_batch_sizes or proto.pad_variable_length_inputs:
+            name = "allowed_batch_sizes" if proto.allowed_batch_sizes else "pad_variable_length_inputs"
+            raise ValueError(f"{where}: {name} is a TF Serving field this server does not implement")
+        values = {name: getattr(proto, name).value for name in _SUPPORTED if proto.HasField(name)}
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def read_batching_parameters(path: str) -> BatchingParameters:
+    with open(path, encoding="utf-8") as f:
+        return BatchingParameters.from_text(f.read(), path)
+
+
+# ----------------------------------------------------------------------------- unbatched
+
+
+class _FifoSlots:
+    """At most `n` holders at once; waiters are served in arrival order."""
+
+    def __init__(self, n: int):
+        self._free = n
+        self._waiters: collections.deque[threading.Lock] = collections.deque()
+        self._lock = threading.Lock()
+
+    def __enter__(self):
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return self
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiters.append(turn)
+        turn.acquire()  # released by the holder that hands its slot over
+        return self
+
+    def __exit__(self, *exc):
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().release()
+            else:
+                self._free += 1
+
+
+class Unbatched:
+    """Runs each request's model call on its own, at most `threads` at once, first come first served."""
+
+    def __init__(self, threads: int = os.cpu_count() or 1):
+        if threads < 1:
+            raise ValueError(f"model threads must be >= 1, got {threads}")
+        self._slots = _FifoSlots(threads)
+
+    def run(self, signature: ModelCall, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._slots:
+            return signature.call(inputs)
+
+    def stop(self) -> None:
+        pass
+
+
+# ----------------------------------------------------------------------------- batched
+
+
+class _Task:
+    def __init__(self, signature: ModelCall, inputs: Mapping[str, np.ndarray], rows: int):
+        self.signature, self.inputs, self.rows = signature, inputs, rows
+        self.enqueued = time.monotonic()
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+    def run_alone(self) -> None:
+        try:
+            self.outputs = self.signature.call(self.inputs)
+        except BaseException as e:  # noqa: BLE001  (handed to the request thread, which reports it)
+            self.error = e
+        self.done.set()
+
+
+class _Queue:
+    def __init__(self):
+        self.tasks: collections.deque[_Task] = collections.deque()
+        self.rows = 0
+
+
+def _batch_rows(inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The common size of dimension 0 of the inputs, or None if they have none."""
+    sizes = {v.shape[0] if v.ndim else None for v in inputs.values()}
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+class Batcher:
+    """Merges concurrent requests into batches; see the module docstring."""
+
+    def __init__(self, parameters: BatchingParameters = BatchingParameters()):
+        self.parameters = parameters
+        self._queues: dict[object, _Queue] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        # batches: model calls made; merged: requests answered from a merged call; alone:
+        # requests of a batch that failed whole, run again on their own.
+        self.stats = collections.Counter(batches=0, merged=0, alone=0)
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
+            for i in range(parameters.num_batch_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def run(self, signature: ModelCall, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        p = self.parameters
+        rows = _batch_rows(inputs)
+        if rows is None:
+            key, rows = object(), 1  # a queue of its own: it runs alone
+        else:
+            key = (signature, tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items())))
+        if rows > p.max_batch_size:
+            raise invalid(f"Task size {rows} is larger than maximum batch size {p.max_batch_size}")
+        task = _Task(signature, inputs, rows)
+        with self._cond:
+            if self._stopping:
+                raise unavailable("the server is stopping")
+            queue = self._queues.setdefault(key, _Queue())
+            if math.ceil((queue.rows + rows) / p.max_batch_size) > p.max_enqueued_batches:
+                if not queue.tasks:
+                    del self._queues[key]
+                raise unavailable(
+                    f"The batch scheduling queue to which this task was submitted is full"
+                    f" ({p.max_enqueued_batches} batches of {p.max_batch_size} rows wait)"
+                )
+            queue.tasks.append(task)
+            queue.rows += rows
+            self._cond.notify()
+        task.done.wait()
+        if task.error is not None:
+            raise task.error
+        return task.outputs
+
+    def stop(self) -> None:
+        """Run what is queued, then stop the batch threads."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
+        log.info(
+            "batching: %d model calls; %d requests answered from merged calls, %d run again alone",
+            self.stats["batches"], self.stats["merged"], self.stats["alone"],
+        )
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._process(batch)
+            except BaseException as e:  # noqa: BLE001  (a batch thread must outlive any batch)
+                log.exception("batch of %d requests failed", len(batch))
+                for task in batch:
+                    if not task.done.is_set():
+                        task.error = ServingError(grpc.StatusCode.INTERNAL, f"batch failed: {type(e).__name__}: {e}")
+                        task.done.set()
+
+    def _next_batch(self) -> list[_Task] | None:
+        """Under the lock: wait for a batch that is full or due, oldest first, and take it."""
+        timeout = self.parameters.batch_timeout_micros / 1e6
+        while True:
+            now, due, wake = time.monotonic(), None, None
+            for key, queue in self._queues.items():
+                oldest = queue.tasks[0].enqueued
+                if queue.rows >= self.parameters.max_batch_size or now - oldest >= timeout or self._stopping:
+                    if due is None or oldest < self._queues[due].tasks[0].enqueued:
+                        due = key
+                else:
+                    wake = oldest + timeout if wake is None else min(wake, oldest + timeout)
+            if due is not None:
+                return self._take(due)
+            if self._stopping:
+                return None
+            self._cond.wait(None if wake is None else wake - now)
+
+    def _take(self, key) -> list[_Task]:
+        queue, batch, rows = self._queues[key], [], 0
+        while queue.tasks and rows + queue.tasks[0].rows <= self.parameters.max_batch_size:
+            task = queue.tasks.popleft()
+            batch.append(task)
+            rows += task.rows
+        queue.rows -= rows
+        if not queue.tasks:
+            del self._queues[key]
+        return batch
+
+    def _count(self, **counts: int) -> None:
+        with self._cond:
+            self.stats.update(counts)
+
+    def _process(self, batch: list[_Task]) -> None:
+        if len(batch) == 1:
+            self._count(batches=1)
+            return batch[0].run_alone()
+        signature = batch[0].signature
+        try:
+            merged = {k: np.concatenate([t.inputs[k] for t in batch]) for k in batch[0].inputs}
+            outputs = signature.call(merged)
+            total = sum(t.rows for t in batch)
+            if any(v.ndim == 0 or v.shape[0] != total for v in outputs.values()):
+                raise ValueError("an output is not batch-major")
+        except Exception as e:  # noqa: BLE001  (each request then gets its own answer)
+            log.debug("batch of %d for %r ran request by request: %s", len(batch), signature.name, e)
+            self._count(batches=1 + len(batch), alone=len(batch))
+            for task in batch:
+                task.run_alone()
+            return
+        self._count(batches=1, merged=len(batch))
+        start = 0
+        for task in batch:
+            task.outputs = {k: v[start:start + task.rows] for k, v in outputs.items()}
+            start += task.rows
+            task.done.set()
+
