@@ -5,9 +5,12 @@
 
 Unset hyperparameter flags take the paper's values for the config's size (Small: lr 5e-4,
 batch 128, 1M steps, length 128; Base: 2e-4 / 256 / 766K / 512; Large: 2e-4 / 2048 / 400K / 512;
-warmup 10,000). Rerunning the same command resumes from the latest checkpoint. SIGTERM saves a
-checkpoint at the next loop boundary and exits 0; a NaN/Inf loss exits 1 naming the step.
-See electra_tf/training/pretraining.py.
+warmup 10,000). Rerunning the same command resumes from the newest checkpoint that reads back (a
+damaged one is named and skipped). A resumed run may change only the steps and the intervals
+(see --model_dir and --allow_config_change); another config is refused before anything is
+written. Every shard is checked before step 1 (--check_shards). SIGTERM saves a checkpoint at the
+next loop boundary and exits 0; bad input (a damaged shard, another run's folder) and a NaN/Inf
+loss exit 1 with one line naming the file, field or step. See electra_tf/training/pretraining.py.
 """
 
 import sys
@@ -21,8 +24,14 @@ _CONFIG = flags.DEFINE_string("config", "electra_small",
                               "Model config: a configs/*.json name or a path.")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "key=value overrides of the model config.")
 _DATA = flags.DEFINE_string("data", None, "Glob(s) of pretraining TFRecord shards.", required=True)
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, exports.",
-                                 required=True)
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Checkpoints, summaries, exports. A folder with checkpoints resumes only "
+    "the run recorded in its pretraining_config.json: the same model config and flags, except "
+    "--num_train_steps (extends the run; the learning rate then decays to 0 at the new end), "
+    "--steps_per_loop, --save_checkpoints_steps, --keep_checkpoint_max, --summary_steps, "
+    "--jit_compile, --data, --vocab_file (same vocab), --strategy, the shard flags and the "
+    "settings named in --allow_config_change.",
+    required=True)
 _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab: sets the special token ids "
                              "and vocab_size, and is copied next to the exported discriminator.")
 _STRATEGY = flags.DEFINE_enum("strategy", "one_device", list(strategy_lib.STRATEGIES),
@@ -46,6 +55,16 @@ _MIXED = flags.DEFINE_enum("mixed_precision", None, list(pretraining.MIXED_PRECI
                            "Mixed precision policy.")
 _SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.")
 _TIMEOUT = flags.DEFINE_float("strategy_timeout", 30.0, "Seconds to reach a TPU.")
+_CHECK_SHARDS = flags.DEFINE_bool(
+    "check_shards", True, "Before step 1, read every record of every shard (framing, both CRCs, "
+    "each a tf.Example at --max_seq_length); ~4 s per GB on 2 CPU cores (BUILD.md).")
+_SKIP_CORRUPT = flags.DEFINE_bool(
+    "skip_corrupt_records", False, "Read a damaged shard up to its first damaged record instead "
+    "of failing; the records skipped are logged and summarised (data/corrupt_records_skipped).")
+_ALLOW_CHANGE = flags.DEFINE_list(
+    "allow_config_change", [], "When resuming, let these optimizer settings differ from the run "
+    f"so far: any of {', '.join(pretraining.RESUME_ON_REQUEST_FIELDS)} (e.g. a lower "
+    "--learning_rate after a NaN).")
 
 # Flag -> PretrainingConfig field; a flag left unset keeps the paper default.
 _CONFIG_FLAGS = {
@@ -77,8 +96,9 @@ def main(argv):
     try:
         result = pretraining.run_pretraining(
             model_config, config, _DATA.value, _MODEL_DIR.value, strategy,
-            vocab_file=_VOCAB.value, flags=flag_values)
-    except pretraining.NonFiniteLossError as e:
+            vocab_file=_VOCAB.value, flags=flag_values, check_shards=_CHECK_SHARDS.value,
+            skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value)
+    except pretraining.USER_ERRORS as e:
         sys.exit(f"error: {e}")
     logging.info("Done at step %d%s", result.step, " (preempted)" if result.preempted else "")
 

@@ -15,15 +15,24 @@ or, with `skip_corrupt=True`, prints a warning naming the file to stderr and goe
 file (records before the damage are kept). Before anything runs, each file's first record is also
 checked in Python for the three features at `seq_length`, so a shard built with another
 --max_seq_length fails fast, naming the file.
+
+`check_shards` reads every record of every shard once before a run (C++ reader for framing and
+CRCs, `parse_example` for the features), so damage is found before step 1 and named by record
+index and byte offset; it also counts what a skipping reader loses.
 """
 
 from __future__ import annotations
 
+import os
+import struct
 import sys
-from typing import Sequence
+import time
+from typing import NamedTuple, Sequence
 
 import tensorflow as tf
 from absl import logging
+
+from electra_tf.training.progress import format_duration
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
@@ -46,6 +55,23 @@ def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
     return sorted(files)
 
 
+def _example_problem(serialized: bytes, seq_length: int) -> str | None:
+    """Why a record is not a pretraining example at `seq_length` (None if it is one)."""
+    try:
+        example = tf.train.Example.FromString(serialized)
+    except Exception as e:  # protobuf DecodeError
+        return f"not a tf.train.Example ({e})"
+    for name in FEATURE_NAMES:
+        feature = example.features.feature.get(name)
+        if feature is None:
+            return f"no feature {name!r}; not a pretraining shard"
+        n = len(feature.int64_list.value)
+        if n != seq_length:
+            return (f"feature {name!r} has length {n}, expected seq_length={seq_length} (built "
+                    "with another --max_seq_length?)")
+    return None
+
+
 def _check_first_record(path: str, seq_length: int, skip_corrupt: bool) -> None:
     try:
         first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
@@ -57,20 +83,9 @@ def _check_first_record(path: str, seq_length: int, skip_corrupt: bool) -> None:
             from None
     if first is None:
         return  # an empty shard is valid (a tiny corpus over many shards)
-    try:
-        example = tf.train.Example.FromString(first.numpy())
-    except Exception as e:  # protobuf DecodeError
-        raise CorruptShardError(f"{path}: first record is not a tf.train.Example ({e})") from None
-    for name in FEATURE_NAMES:
-        feature = example.features.feature.get(name)
-        if feature is None:
-            raise CorruptShardError(f"{path}: first record has no feature {name!r}; "
-                                    "not a pretraining shard")
-        n = len(feature.int64_list.value)
-        if n != seq_length:
-            raise CorruptShardError(f"{path}: feature {name!r} has length {n}, expected "
-                                    f"seq_length={seq_length} (built with another "
-                                    "--max_seq_length?)")
+    problem = _example_problem(first.numpy(), seq_length)
+    if problem:
+        raise CorruptShardError(f"{path}: {problem} (first record)")
 
 
 def _checked_records(path, size, skip_corrupt: bool) -> tf.data.Dataset:
@@ -108,6 +123,231 @@ def _checked_records(path, size, skip_corrupt: bool) -> tf.data.Dataset:
 
     blocks = blocks.scan(tf.constant(0, tf.int64), count).map(check)
     return blocks.unbatch()
+
+
+# ---- checking every record before a run -------------------------------------------------------
+_CHECK_BATCH = 512  # records per parse_example call of the check
+
+
+class ShardDamage(NamedTuple):
+    """The first record of a shard that cannot be read; readers stop there (see check_shards)."""
+
+    path: str
+    record: int  # its index: the shard's readable records are the ones before it
+    offset: int  # its byte offset
+    problem: str
+    records_skipped: int  # it and the records framed after it: what a skipping reader loses
+    bytes_skipped: int  # from it to the end of the file
+    exact: bool  # False when a damaged header hides where the records after it start
+
+    def __str__(self) -> str:
+        return f"{self.path}: record {self.record} at byte {self.offset}: {self.problem}"
+
+    def skipped_description(self) -> str:
+        """'the last 1,234 bytes (5 records)' for a log line."""
+        records = f"{self.records_skipped} record{'s' if self.records_skipped > 1 else ''}"
+        return (f"the last {self.bytes_skipped:,} bytes ({records}"
+                f"{'' if self.exact else ' or more'})")
+
+
+class ShardCheck(NamedTuple):
+    """What `check_shards` found."""
+
+    files: int
+    records: int  # readable records, i.e. one pass over the data
+    bytes: int
+    seconds: float
+    damaged: tuple[ShardDamage, ...]  # in file order
+
+    @property
+    def records_skipped(self) -> int:
+        return sum(d.records_skipped for d in self.damaged)
+
+
+def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrupt: bool = False,
+                 log_every_seconds: float = 10.0) -> ShardCheck:
+    """Reads every record of every shard once, so that damage is found before step 1.
+
+    Framing and both CRC32Cs of every record are checked by TFRecordDataset's C++ reader, and
+    every record is parsed as a pretraining tf.Example with the three features at `seq_length`
+    (`tf.io.parse_example`, in batches). Bytes read (payload + 16 bytes of framing per record) are
+    compared with each file's size, which also catches a file cut inside a record header (the
+    reader takes that for a clean end). Shards are read in parallel, one per CPU core; progress
+    with rate and ETA is logged every `log_every_seconds`.
+
+    A shard that falls short is read again alone, record by record, to name the first bad record
+    (index and byte offset) and what is wrong with it (its CRCs are recomputed in Python to tell
+    a damaged header from damaged data). Readers stop at a shard's first damaged record
+    (TFRecordDataset cannot find the next record after a bad length), so with `skip_corrupt` that
+    record and the ones framed after it are skipped: each damaged shard is logged as a warning
+    and counted in `records_skipped`. Without it, every damaged shard is logged and
+    CorruptShardError names the first. A record that reads back intact but is not a pretraining
+    example at `seq_length` is an error either way: that is the wrong data, not damage.
+    """
+    files = list_shards(file_pattern)
+    for path in files:  # a shard of another length or kind fails in seconds, not after the scan
+        try:
+            first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+        except tf.errors.OpError:
+            continue  # damaged: located below
+        problem = first is not None and _example_problem(first.numpy(), seq_length)
+        if problem:
+            raise CorruptShardError(f"{path}: record 0 at byte 0: {problem}")
+    sizes = [tf.io.gfile.stat(f).length for f in files]
+    total = sum(sizes)
+    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+
+    def summarize(index, records):  # -> (file index, records, bytes, real tokens)
+        parsed = tf.io.parse_example(records, features)  # fails on a record that is no example
+        tokens = tf.reduce_sum(parsed["input_mask"])  # consumes the parse, so it is not pruned
+        size = tf.reduce_sum(tf.cast(tf.strings.length(records), tf.int64))
+        n = tf.size(records, out_type=tf.int64)
+        return index, n, size + n * _RECORD_OVERHEAD, tokens
+
+    def shard_blocks(index, path):
+        # Damage ends a shard's records early and a block that does not parse is dropped: either
+        # way the shard's byte count falls short of its size, and it is located below.
+        blocks = tf.data.TFRecordDataset(path, buffer_size=1 << 20).ignore_errors(
+            log_warning=False).batch(_CHECK_BATCH)
+        blocks = blocks.map(lambda records: summarize(index, records))
+        return blocks.ignore_errors(log_warning=False)
+
+    d = tf.data.Dataset.from_tensor_slices((tf.range(len(files), dtype=tf.int64),
+                                            tf.constant(files)))
+    parallel = max(1, min(len(files), os.cpu_count() or 1))
+    d = d.interleave(shard_blocks, cycle_length=parallel, num_parallel_calls=parallel,
+                     deterministic=False)
+    read, counts = [0] * len(files), [0] * len(files)
+    start = last_log = time.time()
+    done = 0
+    for index, n, size, _ in d.prefetch(4).as_numpy_iterator():
+        read[index] += size
+        counts[index] += n
+        done += size
+        now = time.time()
+        if now - last_log >= log_every_seconds:
+            rate = done / (now - start)
+            logging.info("checking shards: %.1f/%.1f MB (%.1f%%), %.1f MB/s, ETA %s",
+                         done / 1e6, total / 1e6, 100.0 * done / max(total, 1), rate / 1e6,
+                         format_duration((total - done) / rate if rate else float("inf")))
+            last_log = now
+    damaged = []
+    for index, path in enumerate(files):
+        if read[index] != sizes[index]:
+            damage = _locate_damage(path, sizes[index], seq_length)
+            if damage is not None:
+                damaged.append(damage)
+                counts[index] = damage.record
+    seconds = time.time() - start
+    result = ShardCheck(len(files), int(sum(counts)), total, seconds, tuple(damaged))
+    logging.info("checked %d shards: %d records, %.1f MB in %.1fs (%.1f MB/s)", len(files),
+                 result.records, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))
+    if skip_corrupt:
+        for damage in damaged:
+            logging.warning("damaged shard %s; --skip_corrupt_records: the shard is read up to "
+                            "it, skipping %s", damage, damage.skipped_description())
+    elif damaged:
+        for damage in damaged[1:]:  # the first is the error's message
+            logging.error("damaged shard %s", damage)
+        more = len(damaged) - 1
+        more = f" ({more} more damaged shard{'s' if more > 1 else ''} logged)" if more else ""
+        raise CorruptShardError(f"damaged shard {damaged[0]}{more}; --skip_corrupt_records "
+                                "trains without the damaged records")
+    return result
+
+
+def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
+    """The first record of `path` that cannot be read (None if the whole file reads back).
+
+    Whole batches first, then record by record from the batch that failed. Raises
+    CorruptShardError for an intact record that is not a pretraining example.
+    """
+    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    record = offset = 0
+    batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
+    while True:
+        try:
+            batch = next(batches)
+            tf.io.parse_example(batch, features)
+        except (StopIteration, tf.errors.OpError):
+            break
+        record += len(batch)
+        offset += int(tf.reduce_sum(tf.strings.length(batch))) + len(batch) * _RECORD_OVERHEAD
+    records = iter(tf.data.TFRecordDataset(path).skip(record))
+    while True:
+        try:
+            serialized = next(records).numpy()
+        except (StopIteration, tf.errors.OpError):
+            break
+        problem = _example_problem(serialized, seq_length)
+        if problem:
+            raise CorruptShardError(f"{path}: record {record} at byte {offset}: {problem}")
+        record += 1
+        offset += len(serialized) + _RECORD_OVERHEAD
+    if offset == size:
+        return None  # it reads back whole now: the first read failed for another reason
+    problem, skipped, exact = _framing_problem(path, offset, size)
+    return ShardDamage(path, record, offset, problem, skipped, size - offset, exact)
+
+
+def _framing_problem(path: str, offset: int, size: int) -> tuple[str, int, bool]:
+    """What is wrong with the record framed at `offset`; the records a reader stopping there
+    skips (it and the complete records framed after it: headers checked, data not); and whether
+    that framing reached the end of the file."""
+    with tf.io.gfile.GFile(path, "rb") as f:
+        f.seek(offset)
+        header = f.read(12)
+        if len(header) < 12:
+            return f"the file ends {len(header)} bytes into a record header (truncated)", 1, True
+        length, length_crc = struct.unpack("<QI", header)
+        if _masked_crc32c(header[:8]) != length_crc:
+            return "length checksum mismatch (damaged record header; the rest of the file " \
+                "cannot be framed)", 1, False
+        left = size - offset - 12
+        if length + 4 > left:
+            return (f"truncated: the record needs {length + 4} more bytes, the file has "
+                    f"{left}"), 1, True
+        data = f.read(length)
+        (data_crc,) = struct.unpack("<I", f.read(4))
+        if _masked_crc32c(data) != data_crc:
+            problem = "data checksum mismatch (damaged record data)"
+        else:
+            problem = "unreadable record (its checksums match when read again: a read error?)"
+        skipped, end = 1, f.tell()
+        while end < size:
+            header = f.read(12)
+            if len(header) < 12:
+                break
+            length, length_crc = struct.unpack("<QI", header)
+            if _masked_crc32c(header[:8]) != length_crc or end + 16 + length > size:
+                break
+            end += 16 + length
+            f.seek(end)
+            skipped += 1
+        return problem, skipped, end == size
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for i in range(256):
+        crc = i
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)  # Castagnoli, reflected
+        table.append(crc)
+    return table
+
+
+_CRC32C_TABLE = _crc32c_table()
+
+
+def _masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC32C, in Python: for one record on the error path only (the check
+    leaves the bulk to TFRecordDataset's C++ reader; Python runs at a few MB/s)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 def pretraining_dataset(

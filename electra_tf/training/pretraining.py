@@ -21,11 +21,27 @@ reads at most one epoch of raw records (the epoch size is counted once, on resum
 Nothing about the input is stored in the checkpoint, so it stays valid if the input files move.
 
 Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold every model
-variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a multiple of `save_checkpoints_steps` was
-passed, at the end, and when SIGTERM arrives (the run then stops at the next loop boundary and
-`run_pretraining` returns normally with `preempted=True`; the binary exits 0). A non-finite loss
-raises `NonFiniteLossError` naming the first bad step; nothing is saved after it, so the latest
-checkpoint is the last good state.
+variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a
+multiple of `save_checkpoints_steps` was passed, at the end, and when SIGTERM arrives (the run
+then stops at the next loop boundary and `run_pretraining` returns normally with
+`preempted=True`; the binary exits 0). A non-finite loss raises `NonFiniteLossError` naming the
+first bad step; nothing is saved after it, so the latest checkpoint is the last good state.
+
+Before anything is written, in this order (each failure is one `USER_ERRORS` line and leaves
+`model_dir` as it was):
+  1. the run folder: a `model_dir` with checkpoints resumes only the run recorded in its
+     `pretraining_config.json` (`check_run_folder`: the model config and the PretrainingConfig
+     must match, except `RESUME_FREE_FIELDS`, and `RESUME_ON_REQUEST_FIELDS` named in
+     `allow_changes`);
+  2. the shards: every record of every shard is read once (`pipeline.check_shards`: framing,
+     both CRCs, each record a pretraining example at max_seq_length). With `skip_corrupt`, a
+     damaged shard is read up to its first damaged record and the records skipped are logged and
+     summarised (`data/corrupt_records_skipped`);
+  3. the checkpoint: the newest one that reads back is restored (`restore_newest_readable`); a
+     damaged one (cut, or a checksum mismatch) is named in a warning, left in place, and the one
+     before it is used. Only then is the config JSON (re)written.
+A shard damaged while the run reads it (or with the check off) stops the run with one line naming
+it, after a checkpoint of the steps done so far (`_save_after_input_error`).
 
 Multi-worker: every worker runs the same loop (collectives need all of them); the chief writes
 checkpoints, summaries, the config JSON and the exported discriminator; other workers write
@@ -43,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -74,6 +91,30 @@ class PretrainingConfigError(ConfigError):
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or Inf; the message names the step."""
+
+
+class RunFolderError(ValueError):
+    """model_dir cannot be resumed by this run (it holds another run, or no checkpoint of it reads
+    back); the message names the folder or file. Nothing in model_dir has been changed."""
+
+
+# Errors whose message is the whole story (it names the file or field): the binary prints them as
+# one line, without a traceback.
+USER_ERRORS = (ConfigError, RunFolderError, pipeline.CorruptShardError, FileNotFoundError,
+               NonFiniteLossError)
+
+# PretrainingConfig fields a resumed run may change: how the run is executed and observed, not
+# what it computes. A longer num_train_steps extends a run (its learning rate then decays to 0 at
+# the new end, from the current step on); jit_compile changes rounding only.
+RESUME_FREE_FIELDS = ("num_train_steps", "steps_per_loop", "save_checkpoints_steps",
+                      "keep_checkpoint_max", "summary_steps", "jit_compile")
+# Fields a resumed run changes only when asked to (`allow_changes`, --allow_config_change): the
+# optimizer's hyperparameters, which leave the checkpoint loadable (e.g. a lower learning rate
+# after a NaN). Every other field, and the whole model config, must match: they change the
+# variables (model, optimizer, mixed_precision), or the example stream a resume re-derives from the
+# step (train_batch_size, max_seq_length, seed, shuffle_buffer).
+RESUME_ON_REQUEST_FIELDS = ("learning_rate", "num_warmup_steps", "weight_decay", "clip_norm",
+                            "adam_beta_2")
 
 
 # --- config ---------------------------------------------------------------------------------------
@@ -193,8 +234,10 @@ def _pipeline_files(file_pattern, context: tf.distribute.InputContext):
 
 
 def _count_records(files, by_file: bool, context) -> int:
-    count = int(tf.data.TFRecordDataset(files).reduce(tf.constant(0, tf.int64),
-                                                      lambda n, _: n + 1))
+    # What the stream reads per epoch: a damaged shard up to its first damaged record (the
+    # reader moves on to the next file there, as `pipeline.checked_records` does).
+    records = tf.data.TFRecordDataset(files).ignore_errors(log_warning=False)
+    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
     if by_file or context.num_input_pipelines == 1:
         return count
     num, index = context.num_input_pipelines, context.input_pipeline_id
@@ -202,19 +245,21 @@ def _count_records(files, by_file: bool, context) -> int:
 
 
 def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, seed: int = 0,
-                         start_step: int = 0, shuffle_buffer: int = 1000, cycle_length: int = 4):
+                         start_step: int = 0, shuffle_buffer: int = 1000, cycle_length: int = 4,
+                         skip_corrupt: bool = False):
     """A function of an InputContext (for `distribute_datasets_from_function`) whose stream
     is a deterministic function of (files, seed) and starts at `start_step`'s position.
 
     See the module docstring. Every per-replica batch is a dict of int32 [batch, seq_length].
     Shards are checked like `pipeline.pretraining_dataset` does (first record's features and
-    lengths up front; truncated files named when read).
+    lengths up front; damaged files named when read, or with `skip_corrupt` read up to the
+    damage, with a warning on stderr).
     """
 
     def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         files, by_file = _pipeline_files(file_pattern, context)
         for path in files:
-            pipeline._check_first_record(path, seq_length, skip_corrupt=False)
+            pipeline._check_first_record(path, seq_length, skip_corrupt=skip_corrupt)
         sizes = {f: tf.io.gfile.stat(f).length for f in files}
         per_replica = context.get_per_replica_batch_size(global_batch_size)
         # Examples this pipeline hands out per step: one batch per replica it feeds.
@@ -235,7 +280,8 @@ def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, 
             order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), epoch_seed)
             d = tf.data.Dataset.from_tensor_slices(
                 (tf.gather(names, order), tf.gather(lengths, order)))
-            d = d.interleave(lambda path, size: pipeline._checked_records(path, size, False),
+            d = d.interleave(lambda path, size: pipeline._checked_records(path, size,
+                                                                          skip_corrupt),
                              cycle_length=max(1, min(cycle_length, len(files))),
                              block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
                              deterministic=True)
@@ -375,6 +421,161 @@ def export_discriminator_from_checkpoint(model_dir, folder=None, vocab_file=None
     return export_discriminator(model, folder or Path(model_dir) / "discriminator", vocab_file)
 
 
+# --- the run folder: resuming only the same run, from a checkpoint that reads back ----------------
+def check_run_folder(model_dir, model_config: ElectraConfig, config: PretrainingConfig,
+                     allow_changes=()) -> dict:
+    """Refuses to resume a model_dir that holds another run; reads only.
+
+    A folder with checkpoints resumes only the run recorded in its pretraining_config.json: the
+    same model config, and the same PretrainingConfig except `RESUME_FREE_FIELDS` and the
+    `RESUME_ON_REQUEST_FIELDS` named in `allow_changes`. Fields missing from an older record take
+    their defaults. A folder without checkpoints holds nothing to resume: any run may use it. An
+    unreadable record is a warning (the restore still checks that the checkpoint fits the model).
+
+    Returns {field: (recorded, requested)} for the fields that differ and may. Raises
+    RunFolderError naming the folder and every refused field, recorded and requested values.
+    """
+    for name in allow_changes:
+        if name not in RESUME_ON_REQUEST_FIELDS:
+            raise PretrainingConfigError(
+                f"--allow_config_change={name}: only {', '.join(RESUME_ON_REQUEST_FIELDS)} may "
+                "change when a run resumes")
+    path = os.path.join(str(model_dir), CONFIG_FILE)
+    if not checkpoint_prefixes(model_dir) or not tf.io.gfile.exists(path):
+        return {}
+    try:
+        with tf.io.gfile.GFile(path) as f:
+            saved = json.loads(f.read())
+        recorded = {**ElectraConfig().to_dict(), **saved["model_config"]}
+        recorded_run = {**PretrainingConfig().to_dict(), **saved["pretraining_config"]}
+    except (ValueError, KeyError, TypeError) as e:
+        logging.warning("%s is unreadable (%s): resuming without comparing configs", path, e)
+        return {}
+    refused, allowed = [], {}
+    for name, value in model_config.to_dict().items():
+        if recorded.get(name) != value:
+            refused.append((name, recorded.get(name), value))
+    for name, value in config.to_dict().items():
+        if recorded_run.get(name) == value:
+            continue
+        if name in RESUME_FREE_FIELDS or name in allow_changes:
+            allowed[name] = (recorded_run.get(name), value)
+        else:
+            refused.append((name, recorded_run.get(name), value))
+    if refused:
+        was = ", ".join(f"{name}={old!r}" for name, old, _ in refused)
+        now = ", ".join(f"{name}={new!r}" for name, _, new in refused)
+        message = (f"model_dir {model_dir} holds a run with {was}, this run asks for {now}; use "
+                   "another --model_dir or the same flags")
+        if all(name in RESUME_ON_REQUEST_FIELDS for name, _, _ in refused):
+            names = [name for name, _, _ in refused]
+            message += (f" (or --allow_config_change={','.join(names)} to change "
+                        f"{'it' if len(names) == 1 else 'them'} on purpose)")
+        raise RunFolderError(message)
+    return allowed
+
+
+def checkpoint_prefixes(model_dir) -> list[str]:
+    """The checkpoints of model_dir, newest (highest step) first, found by their index files.
+
+    The index file is the last file a save writes, so each is a complete save, whether or not the
+    `checkpoint` state file (which a crash can leave stale, and TensorFlow ignores when it does
+    not parse) lists it.
+    """
+    found = []
+    for index in tf.io.gfile.glob(os.path.join(str(model_dir), f"{CHECKPOINT_PREFIX}-*.index")):
+        prefix = index[:-len(".index")]
+        number = prefix.rsplit("-", 1)[-1]
+        if number.isdigit():
+            found.append((int(number), prefix))
+    return [prefix for _, prefix in sorted(found, reverse=True)]
+
+
+def _short(error: BaseException) -> str:
+    """The first line of a TensorFlow error, without its function-node prefix."""
+    message = getattr(error, "message", None) or str(error)
+    message = message.strip().splitlines()[0] if message.strip() else type(error).__name__
+    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
+
+
+def checkpoint_problem(prefix: str) -> str | None:
+    """What makes checkpoint `prefix` unreadable, naming the file; None when every tensor reads
+    back (reading checks each tensor's CRC32C)."""
+    data = sorted(tf.io.gfile.glob(prefix + ".data-*"))
+    data_name = data[0] if len(data) == 1 else prefix + ".data-*"
+    if not data:
+        data_name = prefix + ".data-00000-of-00001"
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        names = sorted(reader.get_variable_to_shape_map())
+    except (tf.errors.OpError, ValueError, IndexError) as e:
+        message = _short(e)
+        if "No such file" in message:
+            return f"{data_name}: missing"
+        if "sstable" in message or "block checksum" in message or "Unable to read" in message:
+            return f"{prefix}.index: unreadable index (cut or damaged: {message})"
+        return f"{prefix}.index: {message}"
+    for name in names:
+        try:
+            reader.get_tensor(name)
+        except IndexError:  # "Read less bytes than requested"
+            size = sum(tf.io.gfile.stat(f).length for f in data)
+            return f"{data_name}: cut short ({size:,} bytes; tensor {name} lies beyond the end)"
+        except (tf.errors.OpError, ValueError) as e:
+            message = _short(e)
+            if "No such file" in message:
+                return f"{data_name}: missing"
+            if "Checksum does not match" in message:
+                return f"{data_name}: checksum mismatch in tensor {name} (damaged bytes)"
+            return f"{data_name}: {message} (tensor {name})"
+    return None
+
+
+def restore_newest_readable(checkpoint: tf.train.Checkpoint, model_dir) -> str | None:
+    """Restores the newest checkpoint of model_dir that reads back; returns it (None: none yet).
+
+    A run of weeks should not stop because its last save was cut (a full disk, a kill during the
+    write): a damaged checkpoint is named in a warning, left in place (a later save at its step
+    replaces it) and the one before it is tried. A checkpoint that reads back but does not fit the
+    model raises RunFolderError (an older one would not fit either), as does a folder whose
+    checkpoints are all damaged: starting over there would overwrite them.
+    """
+    prefixes = checkpoint_prefixes(model_dir)
+    state = tf.train.get_checkpoint_state(str(model_dir))
+    named = state and state.model_checkpoint_path
+    if named and os.path.basename(named) not in {os.path.basename(p) for p in prefixes}:
+        logging.warning("%s: the checkpoint state names %s, but %s.index is missing", model_dir,
+                        os.path.basename(named), os.path.basename(named))
+    damaged = []
+    for prefix in prefixes:
+        try:
+            checkpoint.restore(prefix).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, IndexError, AssertionError) as e:
+            problem = checkpoint_problem(prefix)
+            if problem is None:
+                raise RunFolderError(f"{prefix} does not fit this run's model and optimizer "
+                                     f"({_short(e)}); use another --model_dir") from None
+            logging.warning("damaged checkpoint %s; trying the one before it", problem)
+            damaged.append(problem)
+            continue
+        if damaged:
+            logging.warning("Resuming from %s, the newest checkpoint that reads back; the damaged "
+                            "files are left in place", prefix)
+        return prefix
+    if damaged:
+        raise RunFolderError(f"model_dir {model_dir} has no checkpoint that reads back "
+                             f"({'; '.join(damaged)}); move them aside to start over")
+    return None
+
+
+def _write_run_record(model_dir: str, record: dict) -> None:
+    """pretraining_config.json, replaced in one rename (a full disk leaves the old one)."""
+    path = os.path.join(model_dir, CONFIG_FILE)
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+        f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+
+
 # --- SIGTERM ------------------------------------------------------------------------------------
 class _StopRequest:
     """Sets a flag on SIGTERM (main thread only); restores the previous handler on exit."""
@@ -448,9 +649,32 @@ def _learning_rate(opt) -> float:
     return float(lr)
 
 
+# The message of `pipeline.checked_records` when a shard ends short of its size.
+_DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
+
+
+def _save_after_input_error(manager, opt, strategy, saved):
+    """A checkpoint of the steps done before the input failed; returns the latest checkpoint.
+
+    The input is read at the start of a step, so every step counted in `opt.iterations` is
+    complete. The batch of the last one may have been drawn past the damage (tf.data's prefetch
+    reads on after an error), so that step can differ from a run on intact shards; the steps
+    before it are the stream's. Not under MultiWorkerMirroredStrategy: a save there is collective
+    and the other workers are not in it.
+    """
+    step = int(opt.iterations.numpy())
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy) or \
+            (saved and saved.endswith(f"-{step}")) or step == 0:
+        return saved
+    saved = manager.save(checkpoint_number=step)
+    logging.info("Saved checkpoint %s", saved)
+    return saved
+
+
 def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
                     model_dir, strategy: tf.distribute.Strategy, *, vocab_file=None,
-                    flags: dict | None = None) -> PretrainingResult:
+                    flags: dict | None = None, check_shards: bool = True,
+                    skip_corrupt: bool = False, allow_changes=()) -> PretrainingResult:
     """Pretrains (or resumes pretraining) in `model_dir`. See the module docstring.
 
     Args:
@@ -461,8 +685,14 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
       strategy: from `create_strategy`.
       vocab_file: copied next to the exported discriminator when given.
       flags: command-line values, recorded in the config JSON.
+      check_shards: read every record of every shard before step 1 (`pipeline.check_shards`;
+        every worker checks every shard).
+      skip_corrupt: read damaged shards up to their first damaged record instead of failing.
+      allow_changes: `RESUME_ON_REQUEST_FIELDS` this run may change when it resumes.
 
-    Raises NonFiniteLossError if the loss becomes NaN or Inf (the latest checkpoint is kept).
+    Raises one of `USER_ERRORS` for input it cannot use (another run's folder, damaged shards or
+    checkpoints; nothing in model_dir is changed), and NonFiniteLossError if the loss becomes NaN
+    or Inf (the latest checkpoint is kept).
     """
     model_dir = str(model_dir)
     replicas = strategy.num_replicas_in_sync
@@ -470,14 +700,19 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         raise PretrainingConfigError(
             f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
             f"the {replicas} replicas of the strategy")
+    changes = check_run_folder(model_dir, model_config, config, allow_changes)
+    skipped_records = None  # per pass over the data, when known
+    if check_shards:
+        skipped_records = pipeline.check_shards(
+            data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
+        if skip_corrupt:
+            logging.info("skipping %d records per pass over the data (damaged, or after the "
+                         "damage in their shard)", skipped_records)
+    elif skip_corrupt:
+        logging.warning("skip_corrupt without the shard check: damaged shards are read up to "
+                        "their first damaged record and named on stderr when reached, uncounted")
     chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
-    if chief:
-        record = {"flags": flags or {}, "model_config": model_config.to_dict(),
-                  "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
-                  "strategy": type(strategy).__name__, "num_replicas": replicas}
-        with tf.io.gfile.GFile(os.path.join(model_dir, CONFIG_FILE), "w") as f:
-            f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
 
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(MIXED_PRECISION[config.mixed_precision])
@@ -488,14 +723,22 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         checkpoint = model_checkpoint(model, opt)
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
-        latest = tf.train.latest_checkpoint(model_dir)
+        latest = restore_newest_readable(checkpoint, model_dir)
         if latest:
-            checkpoint.restore(latest).assert_existing_objects_matched()
             logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
+            for name, (old, new) in changes.items():
+                changes_numbers = name == "num_train_steps" or name in RESUME_ON_REQUEST_FIELDS
+                log = logging.warning if changes_numbers else logging.info
+                log("Resuming with %s=%r (the run so far had %r)", name, new, old)
+        if chief:
+            _write_run_record(model_dir, {
+                "flags": flags or {}, "model_config": model_config.to_dict(),
+                "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
+                "strategy": type(strategy).__name__, "num_replicas": replicas})
         step = int(opt.iterations.numpy())
         dataset = strategy.distribute_datasets_from_function(resumable_dataset_fn(
             data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
-            start_step=step, shuffle_buffer=config.shuffle_buffer))
+            start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
         iterator = iter(dataset)
         loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile)
         writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if chief
@@ -508,12 +751,24 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
             period_start, period_step, period_tokens = time.time(), step, 0
             while step < config.num_train_steps:
                 num_steps = min(config.steps_per_loop, config.num_train_steps - step)
-                loss, bad_step, tokens, stop = loop(
-                    iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+                try:
+                    loss, bad_step, tokens, stop = loop(
+                        iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+                except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+                    found = _DAMAGED_SHARD.search(e.message)
+                    if not found:
+                        raise
+                    saved = _save_after_input_error(manager, opt, strategy, saved)
+                    path, done, size = found.groups()
+                    raise pipeline.CorruptShardError(
+                        f"damaged shard {path}: read {done} of {size} bytes, reached at step "
+                        f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
+                        "--skip_corrupt_records trains without its damaged part") from None
                 bad_step = int(bad_step)
                 if bad_step >= 0:
                     message = (f"loss is {float(loss)} at step {bad_step}: stopping; the last "
-                               f"good checkpoint is {saved}")
+                               f"good checkpoint is {saved} (to go on from it with a lower "
+                               "learning rate, add --allow_config_change=learning_rate)")
                     logging.error("%s", message)
                     raise NonFiniteLossError(message)
                 previous, step = step, int(opt.iterations.numpy())
@@ -529,6 +784,9 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                              "learning_rate": _learning_rate(opt)}
                     for name, value in {**metrics, **rates}.items():
                         summaries.scalar(name, value, step=step)
+                    if skip_corrupt and skipped_records is not None:
+                        summaries.scalar("data/corrupt_records_skipped", skipped_records,
+                                         step=step)
                     warning = collapse_warning(metrics, step, config)
                     if warning and not warned_collapse:
                         logging.warning("%s", warning)

@@ -1,12 +1,17 @@
-"""The tf.data reader: shapes, exactly-once sharding under an InputContext, corrupt shards."""
+"""The tf.data reader: shapes, exactly-once sharding under an InputContext, corrupt shards, and
+the check of every record before a run."""
 
+import logging
 import os
+import re
 import shutil
+import struct
 
 import pytest
 import tensorflow as tf
 
-from electra_tf.data.pipeline import CorruptShardError, dataset_fn, pretraining_dataset
+from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn,
+                                      pretraining_dataset)
 
 SEQ = 64
 
@@ -161,3 +166,103 @@ def test_wrong_seq_length_and_missing_files(built_shards, tmp_path):
         pretraining_dataset(os.path.join(out, "pretrain_data.tfrecord-*"), 1, 128)
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         pretraining_dataset(str(tmp_path / "nothing-here*"), 1, SEQ)
+
+
+# ---- the check of every record before a run -------------------------------------------------
+
+
+def record_offsets(data: bytes) -> list[int]:
+    """Byte offsets of the records of a TFRecord file (u64 length, u32 crc, data, u32 crc)."""
+    offsets, at = [], 0
+    while at < len(data):
+        offsets.append(at)
+        at += 16 + struct.unpack("<Q", data[at:at + 8])[0]
+    return offsets
+
+
+def test_check_shards_reads_every_record_of_intact_shards(built_shards, helpers):
+    out, manifest = built_shards
+    files = helpers.shard_files(out)
+    result = check_shards(os.path.join(out, "pretrain_data.tfrecord-*"), SEQ)
+    assert result.files == len(files) and result.damaged == ()
+    assert result.records == manifest["num_examples"]
+    assert result.bytes == sum(os.path.getsize(f) for f in files)
+
+
+@pytest.fixture
+def four_damages(built_shards, helpers, tmp_path):
+    """Copies of the shards, each damaged another way at a known record."""
+    files = helpers.shard_files(built_shards[0])
+    data = [open(f, "rb").read() for f in files]
+    offsets = [record_offsets(d) for d in data]
+    flipped = bytearray(data[0])
+    flipped[offsets[0][40] + 12 + 3] ^= 0x01  # one bit of record 40's data
+    (tmp_path / "a_data.tfrecord").write_bytes(bytes(flipped))
+    header = bytearray(data[1])
+    header[offsets[1][7] + 1] ^= 0x80  # record 7's length field
+    (tmp_path / "b_header.tfrecord").write_bytes(bytes(header))
+    (tmp_path / "c_cut.tfrecord").write_bytes(data[2][:offsets[2][60] + 30])  # inside record 60
+    (tmp_path / "d_cut_header.tfrecord").write_bytes(data[3][:offsets[3][20] + 5])
+    return tmp_path, offsets, [len(o) for o in offsets]
+
+
+def test_check_shards_names_the_record_its_offset_and_what_is_wrong(four_damages):
+    folder, offsets, counts = four_damages
+    with pytest.raises(CorruptShardError) as err:
+        check_shards(str(folder / "*.tfrecord"), SEQ)
+    assert str(err.value).startswith(
+        f"damaged shard {folder / 'a_data.tfrecord'}: record 40 at byte {offsets[0][40]}: data "
+        "checksum mismatch")
+    assert "(3 more damaged shards logged)" in str(err.value)
+    assert "\n" not in str(err.value)
+
+    result = check_shards(str(folder / "*.tfrecord"), SEQ, skip_corrupt=True)
+    found = {os.path.basename(d.path): d for d in result.damaged}
+    assert [(d.record, d.offset) for d in found.values()] == [
+        (40, offsets[0][40]), (7, offsets[1][7]), (60, offsets[2][60]), (20, offsets[3][20])]
+    assert found["a_data.tfrecord"].problem.startswith("data checksum mismatch")
+    assert found["b_header.tfrecord"].problem.startswith("length checksum mismatch")
+    assert found["c_cut.tfrecord"].problem.startswith("truncated: the record needs")
+    assert found["d_cut_header.tfrecord"].problem.startswith("the file ends 5 bytes into a record")
+    # Skipped: record 40 and every record after it; the others' damage hides or ends the rest.
+    assert found["a_data.tfrecord"].records_skipped == counts[0] - 40
+    assert found["a_data.tfrecord"].exact and not found["b_header.tfrecord"].exact
+    assert [d.records_skipped for d in result.damaged][1:] == [1, 1, 1]
+    assert result.records == 40 + 7 + 60 + 20
+    assert result.records_skipped == counts[0] - 40 + 3
+
+
+def test_check_shards_counts_what_the_skipping_reader_reads(four_damages):
+    folder, _, _ = four_damages
+    result = check_shards(str(folder / "*.tfrecord"), SEQ, skip_corrupt=True)
+    ds = pretraining_dataset(str(folder / "*.tfrecord"), 64, SEQ, is_training=False,
+                             skip_corrupt=True, drop_remainder=False)
+    assert len(_rows(ds)) == result.records
+
+
+def test_check_shards_refuses_an_intact_record_that_is_not_a_pretraining_example(
+        built_shards, helpers, tmp_path):
+    records = helpers.read_records(helpers.shard_files(built_shards[0])[0])
+    short = tf.train.Example(features=tf.train.Features(feature={
+        n: tf.train.Feature(int64_list=tf.train.Int64List(value=[1] * (SEQ - 1)))
+        for n in ("input_ids", "input_mask", "segment_ids")})).SerializeToString()
+    path, k = tmp_path / "odd.tfrecord", len(records) * 2 // 3  # past the first check batch
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for r in records[:k] + [short] + records[k:]:
+            writer.write(r)
+    offset = sum(len(r) + 16 for r in records[:k])
+    message = (f"{path}: record {k} at byte {offset}: feature 'input_ids' has length {SEQ - 1}, "
+               f"expected seq_length={SEQ}")
+    for skip in (False, True):  # the wrong data, not damage: skipping does not apply
+        with pytest.raises(CorruptShardError, match=re.escape(message)):
+            check_shards(str(path), SEQ, skip_corrupt=skip)
+
+
+def test_check_shards_logs_progress_with_rate_and_eta(built_shards, caplog):
+    out, _ = built_shards
+    with caplog.at_level(logging.INFO):
+        check_shards(os.path.join(out, "pretrain_data.tfrecord-*"), SEQ, log_every_seconds=0)
+    lines = [r.getMessage() for r in caplog.records]
+    progress = [line for line in lines if line.startswith("checking shards: ")]
+    assert progress and all(" MB/s, ETA " in line for line in progress), lines
+    assert any(line.startswith("checked 4 shards: ") and "MB/s" in line for line in lines)

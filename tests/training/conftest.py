@@ -8,10 +8,12 @@ a real build by `build_pretraining_data` (4 shards, length 32), so the loop read
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import os
 import re
 import socket
+import struct
 import subprocess
 import sys
 
@@ -87,10 +89,57 @@ def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
                             text=True, **kwargs)
 
 
+def record_offsets(data: bytes) -> list[int]:
+    """Byte offsets of the records of a TFRecord file (u64 length, u32 crc, data, u32 crc)."""
+    offsets, at = [], 0
+    while at < len(data):
+        offsets.append(at)
+        at += 16 + struct.unpack("<Q", data[at:at + 8])[0]
+    return offsets
+
+
+def folder_hashes(folder) -> dict[str, str]:
+    """relative path -> sha256 of every file under `folder`."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, folder)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def checkpoint_weights(checkpoint) -> dict:
+    """The model's variables in a checkpoint: weights and dropout seed-generator states."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(checkpoint)
+    return {name: reader.get_tensor(name) for name, _ in tf.train.list_variables(checkpoint)
+            if name.startswith("variables/")}
+
+
+def scalar_values(model_dir, tag) -> list[tuple[int, float]]:
+    """(step, value) of a TensorBoard scalar over the event files of model_dir/train."""
+    import glob
+
+    import tensorflow as tf
+
+    out = []
+    for path in sorted(glob.glob(os.path.join(model_dir, "train", "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            out += [(event.step, float(tf.make_ndarray(v.tensor)))
+                    for v in event.summary.value if v.tag == tag]
+    return out
+
+
 class TrainingHelpers:
     tiny_flags = staticmethod(tiny_flags)
     pretrain_process = staticmethod(pretrain_process)
     free_port = staticmethod(free_port)
+    record_offsets = staticmethod(record_offsets)
+    folder_hashes = staticmethod(folder_hashes)
+    checkpoint_weights = staticmethod(checkpoint_weights)
+    scalar_values = staticmethod(scalar_values)
     seq_length = SEQ_LENGTH
     repo = REPO
 
