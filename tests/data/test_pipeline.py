@@ -5,9 +5,9 @@ import logging
 import os
 import re
 import shutil
-import struct
 
 import pytest
+from tfrecord_framing import record_offsets
 import tensorflow as tf
 
 from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn,
@@ -169,15 +169,6 @@ def test_wrong_seq_length_and_missing_files(built_shards, tmp_path):
 
 
 # ---- the check of every record before a run -------------------------------------------------
-
-
-def record_offsets(data: bytes) -> list[int]:
-    """Byte offsets of the records of a TFRecord file (u64 length, u32 crc, data, u32 crc)."""
-    offsets, at = [], 0
-    while at < len(data):
-        offsets.append(at)
-        at += 16 + struct.unpack("<Q", data[at:at + 8])[0]
-    return offsets
 
 
 def test_check_shards_reads_every_record_of_intact_shards(built_shards, helpers):

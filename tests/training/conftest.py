@@ -13,11 +13,11 @@ import itertools
 import os
 import re
 import socket
-import struct
 import subprocess
 import sys
 
 import pytest
+from tfrecord_framing import record_offsets
 
 from electra_tf.data import corpus
 
@@ -87,15 +87,6 @@ def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tools.pretrain", *args], cwd=REPO,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, **kwargs)
-
-
-def record_offsets(data: bytes) -> list[int]:
-    """Byte offsets of the records of a TFRecord file (u64 length, u32 crc, data, u32 crc)."""
-    offsets, at = [], 0
-    while at < len(data):
-        offsets.append(at)
-        at += 16 + struct.unpack("<Q", data[at:at + 8])[0]
-    return offsets
 
 
 def folder_hashes(folder) -> dict[str, str]:
