@@ -34,6 +34,7 @@ WORDS = ("the a movie film great bad good is was not very it plays play actor st
 SENTENCES = ["The movie was great!", "not a good film , very bad .", "", "Naïve café\tplays  unlikely",
              "what a long long long long long long story it is , the actor plays very well"]
 PAIRS = ["it is bad", "", "great", "the film plays well", "short"]
+LONG = "the actor plays a very good story , " * 4  # 32 pieces: cut to SEQ
 TAGGING = ["The movie was great !", "unlikely plays é \u0301 x", "", "   spaced\u3000out  words ",
            "a b c d e f g h i j k l m n o p q r s t u v w"]
 QA = [("what is the movie ?", "The movie was great , not bad . The actor plays well ."),
@@ -87,20 +88,23 @@ class Case:
         self.expected = {}
 
 
+def _sentence_outputs(head, keras_outputs, label_names):
+    """What serving_default answers, from the Keras head's outputs."""
+    if head.kind == "regression":
+        return {"score": keras_outputs["predictions"]}
+    logits = keras_outputs["logits"]
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    return {"probabilities": probabilities, "label": np.array([label_names[i] for i in logits.argmax(-1)], object)}
+
+
 def _sentence_case(name, head, task, tokenizer, label_names):
     pair = task.text_pair_column is not None
     examples = [SentenceExample(i, t, PAIRS[i] if pair else None, 0) for i, t in enumerate(SENTENCES)]
     ids = F.featurize_sentences(examples, tokenizer, SEQ)
     text_inputs = {"text": SENTENCES, **({"text_pair": PAIRS} if pair else {})}
     case = Case(name, head, task, FinetuningConfig(max_seq_length=SEQ), label_names, text_inputs, ids)
-    if head.kind == "regression":
-        case.expected = {"score": case.keras["predictions"]}
-    else:
-        logits = case.keras["logits"]
-        probabilities = np.exp(logits - logits.max(-1, keepdims=True))
-        probabilities /= probabilities.sum(-1, keepdims=True)
-        case.expected = {"probabilities": probabilities,
-                         "label": np.array([label_names[i] for i in logits.argmax(-1)], object)}
+    case.expected = _sentence_outputs(head, case.keras, label_names)
     return case
 
 
@@ -284,6 +288,22 @@ def test_pack_sentences_equals_featurize_sentences(vocab_file, tokenizer):
         np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
+def test_pack_sentences_to_the_longest_row(vocab_file, tokenizer):
+    """pad_to_longest: featurize_sentences' arrays without the columns that pad every row."""
+    pre = E.ServingPreprocessor(vocab_file, SEQ)
+    widths = []
+    for texts, pairs in ((SENTENCES[:3], PAIRS[:3]), (SENTENCES[:3] + [LONG], PAIRS[:3] + [LONG])):
+        for pair in (None, pairs):
+            examples = [SentenceExample(i, t, pair[i] if pair else None, 0) for i, t in enumerate(texts)]
+            want = F.featurize_sentences(examples, tokenizer, SEQ)
+            got = pre.pack_sentences(tf.constant(texts), tf.constant(pair) if pair else None, pad_to_longest=True)
+            width = int(want["input_mask"].sum(1).max())
+            for key in E.INPUT_KEYS:
+                np.testing.assert_array_equal(got[key], want[key][:, :width], err_msg=key)
+            widths.append(width)
+    assert max(widths[:2]) < SEQ and widths[2:] == [SEQ, SEQ]
+
+
 def test_pack_tagging_equals_featurize_tagging(vocab_file, tokenizer):
     pre = E.ServingPreprocessor(vocab_file, 12)
     want = F.featurize_tagging([TaggingExample(i, tuple(t.split())) for i, t in enumerate(TAGGING)], tokenizer, 12)
@@ -383,6 +403,61 @@ def test_signatures_and_assets(exports, vocab_file):
         assert f.read() == open(vocab_file, encoding="utf-8").read()
 
 
+def _spec(shape, dtype, name):
+    return tf.TensorSpec(shape, dtype, name=name)
+
+
+# serving_default of the sentence exports as the exporter wrote it when it padded to
+# max_seq_length: padding to the longest row must not change it.
+SENTENCE_SPECS = {
+    "classification": ({"text": _spec([None], tf.string, "text")},
+                       {"label": _spec([None], tf.string, "label"),
+                        "probabilities": _spec([None, 2], tf.float32, "probabilities")}),
+    "pair": ({"text": _spec([None], tf.string, "text"), "text_pair": _spec([None], tf.string, "text_pair")},
+             {"label": _spec([None], tf.string, "label"),
+              "probabilities": _spec([None, 2], tf.float32, "probabilities")}),
+    "regression": ({"text": _spec([None], tf.string, "text"), "text_pair": _spec([None], tf.string, "text_pair")},
+                   {"score": _spec([None], tf.float32, "score")}),  # STS-B: a pair task
+}
+
+
+@pytest.mark.parametrize("name", sorted(SENTENCE_SPECS))
+def test_sentence_signature_specs(exports, name):
+    import tensorflow_text  # noqa: F401
+
+    fn = tf.saved_model.load(exports[name]).signatures["serving_default"]
+    inputs, outputs = SENTENCE_SPECS[name]
+    assert fn.structured_input_signature == ((), inputs)
+    assert fn.structured_outputs == outputs
+
+
+def _padded_widths(export_path):
+    """The widths `serving_default`'s text packing pads to (-1: the longest row): the constant
+    shapes given to RaggedTensorToTensor in the serve_text function of the SavedModel."""
+    from tensorflow.python.framework import tensor_util
+
+    widths = set()
+    for meta_graph in E._read_saved_model(export_path).meta_graphs:
+        for function in meta_graph.graph_def.library.function:
+            if "serve_text" not in function.signature.name:
+                continue
+            consts = {n.name: n for n in function.node_def if n.op == "Const"}
+            for node in function.node_def:
+                shape = consts.get(node.input[0].split(":")[0]) if node.op == "RaggedTensorToTensor" else None
+                if shape is not None:  # a scalar -1: no shape given, the longest row too
+                    widths.add(int(tensor_util.MakeNdarray(shape.attr["value"].tensor).reshape(-1)[-1]))
+    return widths
+
+
+def test_sentence_exports_pad_to_the_longest_row(exports):
+    """What the served answers cannot show: the sentence signatures pad to the batch's longest
+    row, while tagging and QA keep max_seq_length (their outputs are laid out on it)."""
+    for name in ("classification", "pair", "regression"):
+        assert _padded_widths(exports[name]) == {-1}, name
+    assert SEQ in _padded_widths(exports["tagging"])
+    assert QA_SEQ in _padded_widths(exports["qa"])
+
+
 def test_custom_op_report_lists_the_tf_text_ops_in_the_graph(exports, fresh_process):
     text_ops = set(fresh_process["text_ops"])
     assert set(E.TF_TEXT_OP_INTRODUCED) >= text_ops, "every op TF Text registers has a release"
@@ -479,6 +554,37 @@ def test_served_over_rest_and_grpc_equals_in_process(exports, export_base, cases
         np.testing.assert_allclose(got["probabilities"], case.expected["probabilities"], atol=2e-4)
     assert over_grpc["label"].tolist() == columns["label"].tolist()
     np.testing.assert_allclose(over_grpc["probabilities"], columns["probabilities"], atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["classification", "pair", "regression"])
+def test_served_sentences_padded_to_the_longest_row_equal_keras(exports, cases, tokenizer, name):
+    """The sentence signatures pad a batch to its longest row, not to max_seq_length: a batch of
+    short texts (padded to < SEQ) and the same texts with a long one among them (padded to SEQ)
+    get, over REST, the Keras head's answers on the SEQ-padded features, to 1e-5."""
+    from serving.client import RestClient
+    from serving.model_config import ModelConfig
+    from serving.server import ModelServer
+
+    case = cases[name]
+    pair = "text_pair" in case.text_inputs
+    short = {"text": SENTENCES[:3], **({"text_pair": PAIRS[:3]} if pair else {})}
+    mixed = {k: v[:2] + [LONG] + v[2:] for k, v in short.items()}  # the long row in the middle
+    version = int(os.path.basename(exports[name]))
+    config = ModelConfig(name, os.path.dirname(exports[name]), version_policy="specific", versions=(version,))
+    with ModelServer(models=[config], rest_port=0, grpc_port=None) as server:
+        rest = RestClient("127.0.0.1", server.rest_port, name)
+        served = [rest.predict(inputs) for inputs in (short, mixed)]
+    for inputs, got in zip((short, mixed), served):
+        examples = [SentenceExample(i, t, inputs["text_pair"][i] if pair else None, 0)
+                    for i, t in enumerate(inputs["text"])]
+        keras_outputs = _numpy(case.head(_inputs(F.featurize_sentences(examples, tokenizer, SEQ)), training=False))
+        want = _sentence_outputs(case.head, keras_outputs, case.label_names)
+        assert set(got) == set(want)
+        for key, value in want.items():
+            if value.dtype == object:
+                assert [b.decode() for b in got[key]] == value.tolist(), key
+            else:
+                np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
 
 
 @pytest.mark.slow
