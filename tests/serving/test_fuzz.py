@@ -22,7 +22,8 @@ from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2
 
 from serving.batching import BatchingParameters
 from serving.errors import ServingError
-from serving.server import ModelServer, json_to_array
+from serving.json_api import json_to_array
+from serving.server import ModelServer
 
 SEED = 20261126
 MAX_BODY = 64 * 1024

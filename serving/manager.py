@@ -1,0 +1,190 @@
+"""The model manager: which versions of which models are loaded, and their status.
+
+Models live in `BASE/NAME/VERSION/` (VERSION a positive integer). A background thread polls the
+base paths, loads new versions and unloads removed ones, following each model's version policy
+(latest / all / specific, as in TF Serving's models.config). A version that fails to load is
+logged, reported in its status (the error code and message TF Serving's GetModelStatus gives),
+and skipped; the versions already loaded keep serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Sequence
+
+from tensorflow_serving.apis import (
+    get_model_status_pb2,
+)
+
+from serving.errors import not_found
+from serving.model_config import ModelConfig
+from serving.servables import Servable
+
+log = logging.getLogger(__name__)
+
+_State = get_model_status_pb2.ModelVersionStatus.State
+
+
+class _VersionRecord:
+    def __init__(self):
+        self.servable: Servable | None = None
+        self.state = _State.START
+        self.error_code = 0  # tensorflow.error.Code, 0 = OK
+        self.error_message = ""
+        self.fingerprint: tuple | None = None  # of the directory when its load failed
+
+
+def _list_versions(base_path: str) -> dict[int, str]:
+    """Numbered version folders that hold a SavedModel, by version."""
+    found = {}
+    try:
+        names = os.listdir(base_path)
+    except OSError:
+        return found
+    for entry in names:
+        path = os.path.join(base_path, entry)
+        if not entry.isdigit() or int(entry) <= 0 or not os.path.isdir(path):
+            continue
+        # A folder without saved_model.pb is still being written: look again next poll.
+        if os.path.exists(os.path.join(path, "saved_model.pb")) or os.path.exists(
+            os.path.join(path, "saved_model.pbtxt")
+        ):
+            found[int(entry)] = path
+    return found
+
+
+def _fingerprint(path: str) -> tuple:
+    items = []
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.stat(os.path.join(root, f))
+            except OSError:
+                continue
+            items.append((os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(items))
+
+
+class ModelManager:
+    """Loads and unloads model versions following each model's version policy."""
+
+    def __init__(self, configs: Sequence[ModelConfig]):
+        self.configs = {c.name: c for c in configs}
+        self._records: dict[str, dict[int, _VersionRecord]] = {c.name: {} for c in configs}
+        self._lock = threading.Lock()
+        self._poll_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- polling
+
+    def poll(self) -> None:
+        """Scan every base path once; load new versions and unload removed ones."""
+        with self._poll_lock:
+            for config in self.configs.values():
+                if self._stop.is_set():
+                    return
+                try:
+                    self._poll_model(config)
+                except Exception:  # noqa: BLE001  (a poll must never kill the thread)
+                    log.exception("polling model %r failed", config.name)
+
+    def _poll_model(self, config: ModelConfig) -> None:
+        available = _list_versions(config.base_path)
+        records = self._records[config.name]
+        wanted = config.select(available)
+        keep: list[int] = []
+        for version in wanted:
+            if config.version_policy == "latest" and len(keep) >= config.num_versions:
+                break
+            if self._ensure_loaded(config.name, version, available[version]):
+                keep.append(version)
+        with self._lock:
+            for version, record in records.items():
+                if record.servable is not None and version not in keep:
+                    log.info("unloading %s version %d", config.name, version)
+                    record.servable = None
+                    record.state = _State.END
+
+    def _ensure_loaded(self, name: str, version: int, path: str) -> bool:
+        record = self._records[name].get(version)
+        if record is not None and record.servable is not None:
+            return True
+        fingerprint = _fingerprint(path)
+        if record is not None and record.error_code and record.fingerprint == fingerprint:
+            return False  # failed before and unchanged since: don't retry every poll
+        record = _VersionRecord()
+        record.state = _State.LOADING
+        log.info("loading %s version %d from %s", name, version, path)
+        start = time.monotonic()
+        try:
+            servable = Servable(name, version, path)
+        except Exception as e:  # noqa: BLE001  (any load failure is logged and skipped)
+            log.error("%s version %d failed to load, skipping it: %s", name, version, e)
+            record.state = _State.END
+            record.error_code = getattr(e, "error_code", 0) or 2  # UNKNOWN
+            record.error_message = f"Failed to load version {version} from {path}: {e}"
+            record.fingerprint = fingerprint
+            with self._lock:
+                self._records[name][version] = record
+            return False
+        record.servable, record.state = servable, _State.AVAILABLE
+        with self._lock:
+            self._records[name][version] = record
+        log.info(
+            "%s version %d AVAILABLE (signatures %s, %.1f s)",
+            name, version, sorted(servable.signatures), time.monotonic() - start,
+        )
+        return True
+
+    def start_polling(self, interval_seconds: float) -> None:
+        if interval_seconds <= 0:
+            return  # as TF Serving: poll once at start-up only
+        self._thread = threading.Thread(
+            target=self._poll_loop, args=(interval_seconds,), name="model-poller", daemon=True
+        )
+        self._thread.start()
+
+    def _poll_loop(self, interval_seconds: float) -> None:
+        while not self._stop.wait(interval_seconds):
+            self.poll()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    # --- lookups
+
+    def servable(self, name: str, version: int | None = None) -> Servable:
+        with self._lock:
+            records = self._records.get(name)
+            if records is not None:
+                loaded = {v: r.servable for v, r in records.items() if r.servable is not None}
+                if version is None and loaded:
+                    return loaded[max(loaded)]
+                if version is not None and version in loaded:
+                    return loaded[version]
+        what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        raise not_found(f"Servable not found for request: {what}")
+
+    def status(self, name: str, version: int | None = None) -> get_model_status_pb2.GetModelStatusResponse:
+        with self._lock:
+            records = dict(self._records.get(name, {}))
+        if not records:
+            raise not_found(f"Could not find any versions of model {name}")
+        if version is not None:
+            if version not in records:
+                raise not_found(f"Could not find version {version} of model {name}")
+            records = {version: records[version]}
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for v in sorted(records, reverse=True):
+            record = records[v]
+            status = response.model_version_status.add(version=v, state=record.state)
+            status.status.error_code = record.error_code
+            status.status.error_message = record.error_message
+        return response

@@ -1,0 +1,130 @@
+"""TF Serving's REST routes over `rest_connections.ConnectionServer`.
+
+`GET /v1/models/NAME[/versions/V][/metadata]` and `POST /v1/models/NAME[/versions/V]:predict`;
+connection handling, deadlines and limits are `rest_connections`'; the JSON is `json_api`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import TYPE_CHECKING
+
+import grpc
+
+from serving.errors import HTTP_STATUS, ServingError, invalid, not_found
+from serving.json_api import metadata_json, predict_json, status_json
+from serving.rest_connections import ConnectionServer, JsonRequestHandler
+from serving.servables import DEFAULT_SIGNATURE, PREDICT_METHOD
+
+if TYPE_CHECKING:
+    from serving.server import ModelServer
+
+log = logging.getLogger(__name__)
+
+_PREDICT_PATH = re.compile(
+    r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(predict|classify|regress)$", re.I
+)
+_GET_PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?$", re.I)
+
+
+class _RestHandler(JsonRequestHandler):
+    """TF Serving's REST routes; connection handling and limits are `JsonRequestHandler`'s."""
+
+    server_version = "electra-serve"
+
+    def _handle(self, fn) -> None:
+        try:
+            status, payload = fn()
+        except ServingError as e:
+            return self.send_error(HTTP_STATUS.get(e.code, 500), e.message, close=False)
+        except Exception as e:  # noqa: BLE001  (a bad request must never take the server down)
+            log.exception("internal error on %s %s", self.command, self.path)
+            return self.send_error(500, f"internal server error: {type(e).__name__}: {e}", close=False)
+        self.send_json(status, payload)
+
+    def _route(self, method: str):
+        path = self.path.split("?", 1)[0]
+        predict, get = _PREDICT_PATH.match(path), _GET_PATH.match(path)
+        if (predict and method != "POST") or (get and method != "GET"):
+            return 405, "POST" if predict else "GET", None
+        return (200, None, predict or get) if (predict or get) else (404, None, None)
+
+    def do_GET(self):  # noqa: N802  (http.server's naming)
+        self.discard_body()
+        status, allow, match = self._route("GET")
+        if status != 200:
+            return self._reject(status, allow)
+        name, version, label, metadata = match.groups()
+        app = self.server.app
+
+        def run():
+            v = _version(version, label)
+            if metadata:
+                return 200, metadata_json(app.manager, name, v)
+            return 200, status_json(app.manager, name, v)
+
+        self._handle(run)
+
+    def do_POST(self):  # noqa: N802
+        status, allow, match = self._route("POST")
+        if status != 200:
+            self.discard_body()
+            return self._reject(status, allow)
+        name, version, label, method = match.groups()
+        app = self.server.app
+        body = self.read_body(app.max_body_bytes)
+        if body is None:
+            return  # read_body has answered
+
+        def run():
+            v = _version(version, label)
+            if method.lower() != "predict":
+                sig = app.manager.servable(name, v).signature(_signature_name_of(body))
+                raise ServingError(
+                    grpc.StatusCode.INVALID_ARGUMENT if sig.method_name == PREDICT_METHOD else grpc.StatusCode.UNIMPLEMENTED,
+                    f":{method} is not served here; signature {sig.name!r} has method_name"
+                    f" {sig.method_name!r}: use :predict",
+                )
+            return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler)
+
+        self._handle(run)
+
+    def _reject(self, status: int, allow: str | None):
+        if status == 405:
+            return self.send_json(
+                405, {"error": f"method {self.command} not allowed on {self.path}; use {allow}"},
+                close=self.close_connection, headers={"Allow": allow},
+            )
+        self.send_error(
+            404,
+            f"Malformed request: {self.command} {self.path}; expected /v1/models/NAME[/versions/V]"
+            "[/metadata] (GET) or /v1/models/NAME[/versions/V]:predict (POST)",
+            close=self.close_connection,
+        )
+
+
+def _signature_name_of(body: bytes) -> str:
+    try:
+        request = json.loads(body)
+    except (ValueError, RecursionError):
+        return DEFAULT_SIGNATURE
+    name = request.get("signature_name", DEFAULT_SIGNATURE) if isinstance(request, dict) else DEFAULT_SIGNATURE
+    if not isinstance(name, str):
+        raise invalid("'signature_name' must be a string")
+    return name
+
+
+def _version(version: str | None, label: str | None) -> int | None:
+    if label is not None:
+        raise not_found(f"Unrecognized servable version label: {label} (no version labels are configured)")
+    return int(version) if version is not None else None
+
+
+class RestServer(ConnectionServer):
+    def __init__(self, address, app: "ModelServer"):
+        self.app = app
+        super().__init__(
+            address, _RestHandler, idle_timeout_seconds=app.rest_idle_timeout_seconds, max_connections=app.rest_max_connections
+        )

@@ -1,0 +1,173 @@
+"""What the server serves: a loaded SavedModel version (`Servable`) and its signatures.
+
+A `Signature` checks request tensors against the SavedModel's SignatureDef (names, dtypes, ranks,
+batch size) and runs the concrete function, directly or through a scheduler (serving.batching).
+Only TF2 SavedModels with dense named-tensor signatures are served, as TF Serving's
+`tensorflow/serving/predict` method defines them (TF Serving's apis/predict.proto).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Mapping
+
+import grpc
+import numpy as np
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  (registers the TF Text ops that exported tokenizers use)
+from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+)
+
+from serving.errors import GRPC_BY_NUMBER, ServingError, invalid
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIGNATURE = "serving_default"
+PREDICT_METHOD = "tensorflow/serving/predict"
+
+
+
+class Signature:
+    """One dense named-tensor signature of a loaded SavedModel."""
+
+    def __init__(self, name: str, fn, signature_def: meta_graph_pb2.SignatureDef):
+        self.name = name
+        self.fn = fn
+        self.method_name = signature_def.method_name
+        self.inputs = {k: _spec(k, v) for k, v in signature_def.inputs.items()}
+        self.outputs = {k: _spec(k, v) for k, v in signature_def.outputs.items()}
+
+    def run(self, inputs: Mapping[str, np.ndarray], max_batch_size: int, scheduler=None) -> dict[str, np.ndarray]:
+        """Validate `inputs` against the signature and run it through `scheduler` (see serving.batching)."""
+        inputs = self.validate(inputs, max_batch_size)
+        return self.call(inputs) if scheduler is None else scheduler.run(self, inputs)
+
+    def validate(self, inputs: Mapping[str, np.ndarray], max_batch_size: int) -> dict[str, np.ndarray]:
+        missing = sorted(set(self.inputs) - set(inputs))
+        unexpected = sorted(set(inputs) - set(self.inputs))
+        if unexpected:
+            raise invalid(
+                f"input {unexpected[0]!r} is not an input of signature {self.name!r};"
+                f" its inputs are {sorted(self.inputs)}"
+            )
+        if missing:
+            raise invalid(f"signature {self.name!r} needs input(s) {missing}; got {sorted(inputs)}")
+        for key, value in inputs.items():
+            spec = self.inputs[key]
+            if value.dtype != spec.dtype.as_numpy_dtype and not (
+                spec.dtype == tf.string and value.dtype == object
+            ):
+                raise invalid(f"input {key!r} must be {spec.dtype.name}, got {value.dtype.name}")
+            if not spec.shape.is_compatible_with(value.shape):
+                raise invalid(
+                    f"input {key!r} has shape {list(value.shape)} but signature {self.name!r}"
+                    f" expects {_shape_str(spec.shape)}"
+                )
+            if value.ndim >= 1 and value.shape[0] == 0:
+                raise invalid(f"input {key!r} is an empty batch (dimension 0 is 0)")
+            if value.ndim >= 1 and value.shape[0] > max_batch_size:
+                raise invalid(
+                    f"input {key!r} has a batch of {value.shape[0]}, more than the server's"
+                    f" max_batch_size {max_batch_size}"
+                )
+        return dict(inputs)
+
+    def call(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run the signature on validated inputs."""
+        try:
+            outputs = self.fn(**{k: tf.constant(v, dtype=self.inputs[k].dtype) for k, v in inputs.items()})
+        except tf.errors.OpError as e:
+            code = GRPC_BY_NUMBER.get(e.error_code, grpc.StatusCode.UNKNOWN)
+            raise ServingError(code, f"running signature {self.name!r} failed: {_one_line(e.message)}") from e
+        except (TypeError, ValueError) as e:
+            raise invalid(f"signature {self.name!r} rejected the inputs: {e}") from e
+        return {k: v.numpy() for k, v in outputs.items()}
+
+
+def _one_line(op_error_message: str) -> str:
+    """A TF runtime error as one line: the reason and the node, without the graph-execution preamble.
+
+    "Graph execution error:\n\nDetected at node add defined at ...\n<stack traces unavailable>\n
+    Incompatible shapes: [1,2] vs. [1,0]\n\t [[{{node add}}]] [Op:__inference_...]" becomes
+    "Incompatible shapes: [1,2] vs. [1,0] (node add)".
+    """
+    nodes = re.findall(r"\[\[\{\{node ([^}]+)\}\}\]\]", op_error_message)
+    text = re.sub(r"\[\[\{\{node [^}]+\}\}\]\]|\[Op:[^\]]*\]", "", op_error_message)
+    lines = [line.strip() for line in text.splitlines()]
+    skip = ("Graph execution error", "Detected at node", "<stack traces unavailable>", "File ")
+    reason = "; ".join(line for line in lines if line and not line.startswith(skip))
+    return reason + (f" (node {nodes[0]})" if nodes else "") if reason else " ".join(text.split())
+
+
+class _Spec:
+    def __init__(self, dtype: tf.DType, shape: tf.TensorShape):
+        self.dtype, self.shape = dtype, shape
+
+
+def _spec(name: str, info: meta_graph_pb2.TensorInfo) -> _Spec:
+    if info.WhichOneof("encoding") != "name":
+        raise ValueError(f"tensor {name!r} is sparse or composite; only dense tensors are served")
+    return _Spec(tf.as_dtype(info.dtype), tf.TensorShape(info.tensor_shape))
+
+
+def _shape_str(shape: tf.TensorShape) -> str:
+    if shape.rank is None:
+        return "any shape"
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
+
+
+class Servable:
+    """One loaded version of a model."""
+
+    def __init__(self, name: str, version: int, path: str):
+        self.name, self.version, self.path = name, version, path
+        # The SignatureDefs as written in saved_model.pb are what the real server reports
+        # as metadata (including `__saved_model_init_op`), so read them from the file.
+        self.signature_defs = _read_signature_defs(path)
+        self._loaded = tf.saved_model.load(path)  # keeps the functions' resources alive
+        self.signatures: dict[str, Signature] = {}
+        for key, fn in self._loaded.signatures.items():
+            if key not in self.signature_defs:
+                continue
+            try:
+                self.signatures[key] = Signature(key, fn, self.signature_defs[key])
+            except ValueError as e:
+                log.warning("%s version %d: signature %r is not served: %s", name, version, key, e)
+
+    def signature(self, signature_name: str) -> Signature:
+        key = signature_name or DEFAULT_SIGNATURE
+        if key not in self.signatures:
+            # TF Serving answers FAILED_PRECONDITION (HTTP 400) with this message.
+            raise ServingError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f'Serving signature key "{key}" not found. (model {self.name!r} version'
+                f" {self.version} has {sorted(self.signatures)})",
+            )
+        return self.signatures[key]
+
+    def signature_def_map(self) -> get_model_metadata_pb2.SignatureDefMap:
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        for key, sig_def in self.signature_defs.items():
+            sig_map.signature_def[key].CopyFrom(sig_def)
+        return sig_map
+
+
+def _read_signature_defs(path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
+    saved_model = saved_model_pb2.SavedModel()
+    pb = os.path.join(path, "saved_model.pb")
+    if os.path.exists(pb):
+        with open(pb, "rb") as f:
+            saved_model.ParseFromString(f.read())
+    else:
+        from google.protobuf import text_format
+
+        with open(os.path.join(path, "saved_model.pbtxt"), encoding="utf-8") as f:
+            text_format.Parse(f.read(), saved_model)
+    for meta_graph in saved_model.meta_graphs:
+        if "serve" in meta_graph.meta_info_def.tags:
+            return dict(meta_graph.signature_def)
+    raise ValueError(f"{path}: no MetaGraph tagged 'serve'")
