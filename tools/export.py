@@ -4,11 +4,14 @@
     # -> /tmp/export/electra/1 (the next free version), then serve BASE/NAME:
     electra-serve --model_base_path=/tmp/export/electra
 
-`--checkpoint` is what electra-finetune wrote: its `--model_dir` (the best seed's `best/` is
-used), or a `best/` folder. Signatures, the custom-op report and the TF Serving versions that
-can load the result: `electra_tf/serving/export.py` and `serving/README.md`.
+`--checkpoint` is what electra-finetune wrote: its `--model_dir` (its `best/` is used), or a
+`best/` folder; `~` is expanded in both paths. The in-graph tokenizer lower-cases (and strips
+accents) only if the model was fine-tuned so (`lower_case` in `best/head_config.json`).
+Signatures, the custom-op report and the TF Serving versions that can load the result:
+`electra_tf/serving/export.py` and `serving/README.md`.
 """
 
+import os
 import sys
 
 from absl import app, flags
@@ -36,8 +39,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        export_finetuned(_CHECKPOINT.value, _EXPORT_BASE.value, _MODEL_NAME.value,
-                         version=_VERSION.value, pair=_TEXT_PAIR.value,
+        export_finetuned(os.path.expanduser(_CHECKPOINT.value), os.path.expanduser(_EXPORT_BASE.value),
+                         _MODEL_NAME.value, version=_VERSION.value, pair=_TEXT_PAIR.value,
                          ids_only=_IDS_ONLY.value)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")

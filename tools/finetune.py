@@ -6,26 +6,40 @@
   # Random initialisation (the baseline), with a vocabulary:
   electra-finetune --task=rotten_tomatoes --config=electra_small --vocab_file=vocab.txt \
       --model_dir=/tmp/ft_rt_random
+  # GLUE from the files of the GLUE download script (train, dev and test found by task name;
+  # test predictions in the GLUE submission format in --model_dir/best/submission/MRPC.tsv):
+  electra-finetune --task=mrpc --data_dir=glue_data/MRPC --init_checkpoint=...
   # GLUE / SQuAD from a prepared TFDS data_dir, or local files:
   electra-finetune --task=mrpc --tfds_data_dir=~/tensorflow_datasets --init_checkpoint=...
   electra-finetune --task=classification --train_file=train.csv --eval_file=dev.csv \
       --text_column=review --label_column=stars --init_checkpoint=...
 
 Hyperparameter flags left unset take the original's defaults for the model size and task
-(`electra_tf.finetune.config.FinetuningConfig.for_model_size`). Writes `--model_dir/seed_<s>/`
-per seed and `--model_dir/results.json` with the median and spread over seeds; the layout is in
-`electra_tf/finetune/trainer.py`.
+(`electra_tf.finetune.config.FinetuningConfig.for_model_size`). Casing (lower-case and strip
+accents, or not) comes from the checkpoint (`electra_tf/data/casing.py`) unless --lower_case or
+--nolower_case is given. Writes `--model_dir/results.json` with the median and spread over
+seeds and the fine-tuned model to `--model_dir/best/` (with several seeds, each seed's run in
+`--model_dir/seed_<s>/` and `best/` a copy of the best seed's); the layout is in
+`electra_tf/finetune/trainer.py`. `~` is expanded in every path flag.
 """
+
+import os
+
 
 from absl import app, flags, logging
 
 _TASK = flags.DEFINE_string(
-    "task", None, "cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, squad1.1, squad2.0, "
+    "task", None, "cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, squad1.1, squad2.0, "
     "rotten_tomatoes, or a generic classification / regression / tagging / qa (local files).",
     required=True)
 _TRAIN_FILE = flags.DEFINE_string("train_file", None, "Local training file (.csv/.tsv/.jsonl, "
                                   ".txt/.conll for tagging, SQuAD .json for QA).")
 _EVAL_FILE = flags.DEFINE_string("eval_file", None, "Local evaluation file (same formats).")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", None, "Folder of the task's files: for a GLUE task its folder from the GLUE "
+    "download script (glue_data/MRPC: train.tsv, dev.tsv, test.tsv; MNLI: dev_matched and "
+    "dev_mismatched, both evaluated), test predictions written in the GLUE submission format; "
+    "for other tasks train.<ext> and dev.<ext>. --train_file/--eval_file override its files.")
 _TEXT_COLUMN = flags.DEFINE_string("text_column", None, "Column / key of the (first) text.")
 _TEXT_PAIR_COLUMN = flags.DEFINE_string("text_pair_column", None, "Column / key of the second text.")
 _LABEL_COLUMN = flags.DEFINE_string("label_column", None, "Column / key of the label.")
@@ -41,6 +55,10 @@ _INIT_CHECKPOINT = flags.DEFINE_string(
     "release or a Hugging Face folder. Without it, --config gives a random initialisation.")
 _CONFIG = flags.DEFINE_string("config", None, "Model config name or path (random init only).")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: the checkpoint's).")
+_LOWER_CASE = flags.DEFINE_bool(
+    "lower_case", None, "Lower-case and strip accents (uncased vocabulary); --nolower_case keeps "
+    "them (cased). Default: as the checkpoint records it (HF tokenizer_config.json, electra_tf "
+    "pretraining config, a release's folder name), else uncased.")
 _MODEL_DIR = flags.DEFINE_string("model_dir", None, "Output folder.", required=True)
 _STRATEGY = flags.DEFINE_enum("strategy", "one_device",
                               ["one_device", "mirrored", "multi_worker", "tpu"], "Distribution.")
@@ -71,6 +89,11 @@ _HPARAMS = {
 }
 
 
+def path(flag):
+    """A path flag's value with `~` expanded (the shell leaves `--flag=~/x` alone)."""
+    return None if flag.value is None else os.path.expanduser(flag.value)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -89,18 +112,22 @@ def main(argv):
             version_2=_VERSION_2.value)
         strategy = create_strategy(_STRATEGY.value, tpu=_TPU.value, num_gpus=_NUM_GPUS.value)
         results = run_seeds(
-            task, _CONFIG.value, {k: f.value for k, f in _HPARAMS.items() if f.value is not None},
-            model_dir=_MODEL_DIR.value, num_seeds=_NUM_SEEDS.value, seed=_SEED.value,
-            train_path=_TRAIN_FILE.value, eval_path=_EVAL_FILE.value,
-            tfds_data_dir=_TFDS_DATA_DIR.value, init_checkpoint=_INIT_CHECKPOINT.value,
-            vocab_file=_VOCAB_FILE.value, strategy=strategy, model_size=_MODEL_SIZE.value,
-            max_train_examples=_MAX_TRAIN.value, max_eval_examples=_MAX_EVAL.value)
+            task, path(_CONFIG), {k: f.value for k, f in _HPARAMS.items() if f.value is not None},
+            model_dir=path(_MODEL_DIR), num_seeds=_NUM_SEEDS.value, seed=_SEED.value,
+            train_path=path(_TRAIN_FILE), eval_path=path(_EVAL_FILE), data_dir=path(_DATA_DIR),
+            tfds_data_dir=path(_TFDS_DATA_DIR), init_checkpoint=path(_INIT_CHECKPOINT),
+            vocab_file=path(_VOCAB_FILE), lower_case=_LOWER_CASE.value, strategy=strategy,
+            model_size=_MODEL_SIZE.value, max_train_examples=_MAX_TRAIN.value,
+            max_eval_examples=_MAX_EVAL.value)
     except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"electra-finetune: error: {e}")
     for name, s in results["summary"].items():
         print(f"{results['task']} {name}: median {s['median']:.2f} (min {s['min']:.2f}, "
               f"max {s['max']:.2f}, std {s['std']:.2f}) over {results['num_seeds']} seed(s)")
-    print(f"results: {_MODEL_DIR.value}/results.json; best model: {results['best_model_dir']}")
+    print(f"results: {path(_MODEL_DIR)}/results.json; best model: {results['best_model_dir']}")
+    best_run = next(r for r in results["runs"] if r["seed"] == results["best_seed"])
+    for name in best_run["submission"]:  # in best/, copied with it from the best seed
+        print(f"GLUE test predictions: {os.path.join(results['best_model_dir'], 'submission', name)}")
 
 
 def run():

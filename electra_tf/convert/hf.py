@@ -362,14 +362,35 @@ def hf_tensors(model) -> tuple[dict[str, np.ndarray], str, list]:
     return tensors, architecture, mapped
 
 
-def export_hf(model, output_dir, *, vocab_file=None) -> ConversionReport:
-    """Writes `model.safetensors` + `config.json` (+ vocab.txt) for Hugging Face.
+def tokenizer_config(lower_case: bool, config: ElectraConfig) -> dict:
+    """`tokenizer_config.json` for `ElectraTokenizer` / `ElectraTokenizerFast` over vocab.txt.
+
+    `strip_accents` null: transformers then strips accents exactly when it lower-cases, as our
+    tokenizer does (`data/tokenizer.py`)."""
+    return {"tokenizer_class": "ElectraTokenizer", "do_lower_case": bool(lower_case),
+            "strip_accents": None, "tokenize_chinese_chars": True,
+            "model_max_length": config.max_position_embeddings,
+            "unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+            "cls_token": "[CLS]", "mask_token": "[MASK]"}
+
+
+def export_hf(model, output_dir, *, vocab_file=None, lower_case: bool | None = None) -> ConversionReport:
+    """Writes `model.safetensors` + `config.json` (+ vocab.txt and tokenizer_config.json) for
+    Hugging Face.
 
     A pretrainer is written as `output_dir/discriminator` and `output_dir/generator`.
+    `lower_case` goes to tokenizer_config.json's `do_lower_case`; None takes the casing recorded
+    beside `vocab_file` (its checkpoint folder, `data.casing.checkpoint_lower_case`), else
+    uncased as the released models.
     """
     from safetensors.numpy import save_file
 
+    from electra_tf.data.casing import checkpoint_lower_case
+
     out = Path(output_dir)
+    if lower_case is None and vocab_file is not None:
+        lower_case, _ = checkpoint_lower_case(Path(vocab_file).parent)
+    lower_case = True if lower_case is None else bool(lower_case)
     kind = model_kind(model)
     report = ConversionReport(source=f"{kind} ({model.name})", target=f"hf:{out}")
     parts = ([("discriminator", model.discriminator, out / "discriminator"),
@@ -386,10 +407,13 @@ def export_hf(model, output_dir, *, vocab_file=None) -> ConversionReport:
             json.dumps(config_to_hf(network.config, architecture), indent=2) + "\n")
         if vocab_file is not None and Path(vocab_file).resolve() != (folder / "vocab.txt").resolve():
             shutil.copyfile(vocab_file, folder / "vocab.txt")
+        if vocab_file is not None:
+            (folder / "tokenizer_config.json").write_text(
+                json.dumps(tokenizer_config(lower_case, network.config), indent=2) + "\n")
         where = "" if folder == out else f"{folder.name}/"
         report.mapped += [(src, where + dst, shape) for src, dst, shape in mapped]
     return report
 
 
 __all__ = ["config_from_hf", "config_to_hf", "export_hf", "hf_name", "hf_tensors", "load_hf",
-           "load_hf_model", "load_state_dict", "read_hf_config"]
+           "load_hf_model", "load_state_dict", "read_hf_config", "tokenizer_config"]

@@ -406,6 +406,7 @@ _TASK_METRICS = {
         TaskMetrics("mnli", "classification", ("accuracy",), ("accuracy",)),
         TaskMetrics("qnli", "classification", ("accuracy",), ("accuracy",)),
         TaskMetrics("rte", "classification", ("accuracy",), ("accuracy",)),
+        TaskMetrics("wnli", "classification", ("accuracy",), ("accuracy",)),
         # The paper's tables quote SQuAD exact match, so it selects the checkpoint.
         TaskMetrics("squad1.1", "qa", ("exact_match", "f1"), ("exact_match",)),
         TaskMetrics("squad2.0", "qa", ("exact", "f1"), ("exact",)),
@@ -425,7 +426,7 @@ _ALIASES = {
     "squad/v2.0": "squad2.0",
     "chunk": "tagging",
 }
-_ALIASES.update({f"glue/{k.replace('-', '')}": k for k in ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte")})
+_ALIASES.update({f"glue/{k.replace('-', '')}": k for k in ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")})
 
 
 def task_metrics(name: str) -> TaskMetrics:

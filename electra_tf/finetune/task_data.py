@@ -1,4 +1,5 @@
-"""Fine-tuning tasks and their examples: local CSV/TSV/JSONL/CoNLL/SQuAD files, TFDS, Rotten Tomatoes.
+"""Fine-tuning tasks and their examples: local CSV/TSV/JSONL/CoNLL/SQuAD files, the original GLUE
+TSV files (`glue.py`), TFDS, Rotten Tomatoes.
 
 A `Task` says what an example looks like (which columns hold the text, the text pair and the
 label; the label set; where TFDS keeps it). `load_examples(task, split, ...)` turns a local file,
@@ -8,6 +9,11 @@ a prepared TFDS dataset or the packaged Rotten Tomatoes corpus into a list of ex
   (label = float);
 - `TaggingExample` for word-level tagging (labels = indices into `task.label_names`);
 - `QAExample` for SQuAD-style span QA (v1.1, and v2.0 with `is_impossible`).
+
+A predefined GLUE task reads the original GLUE files (`glue_data/MRPC/train.tsv`: CoLA without a
+header, MRPC's `#1 String`, ...) by the task's layout in `glue.py`, and still reads a TSV with its
+named columns (`sentence1`, `sentence2`, `label`). `data_files(task, data_dir)` finds a task's
+train / dev (/ GLUE test) files in a folder.
 
 Bad input raises `TaskDataError` whose message starts with `file:line:` and names the field.
 
@@ -149,6 +155,7 @@ TASKS: dict[str, Task] = {
               tfds_splits=_MNLI_SPLITS),
         _glue("qnli", "qnli", ("entailment", "not_entailment"), "question", "sentence"),
         _glue("rte", "rte", ("entailment", "not_entailment"), "sentence1", "sentence2"),
+        _glue("wnli", "wnli", ("not_entailment", "entailment"), "sentence1", "sentence2"),
         Task("squad1.1", "qa", tfds_name="squad/v1.1", tfds_splits=_SQUAD_SPLITS),
         Task("squad2.0", "qa", tfds_name="squad/v2.0", tfds_splits=_SQUAD_SPLITS, squad_v2=True),
         Task("rotten_tomatoes", "classification", ("negative", "positive"),
@@ -251,6 +258,71 @@ def load_examples(task: Task, split: str = "train", *, path: str | os.PathLike |
     raise ValueError(f"Task {task.name!r} has no tfds_name: pass path= to a local file")
 
 
+@dataclasses.dataclass
+class DataFiles:
+    """Local files of a task: training, evaluation sets by name ("dev" first), test sets by the
+    GLUE submission file they produce (GLUE tasks only)."""
+
+    train: str | None = None
+    dev: dict = dataclasses.field(default_factory=dict)
+    test: dict = dataclasses.field(default_factory=dict)
+
+
+_SPLIT_EXTENSIONS = {"qa": (".json",), "tagging": (".jsonl", ".txt", ".conll"),
+                     "classification": (".tsv", ".csv", ".jsonl"),
+                     "regression": (".tsv", ".csv", ".jsonl")}
+
+
+def _split_file(task: Task, folder: str, split: str) -> str | None:
+    found = [os.path.join(folder, split + ext) for ext in _SPLIT_EXTENSIONS[task.kind]
+             if os.path.exists(os.path.join(folder, split + ext))]
+    if len(found) > 1:
+        raise TaskDataError(f"{folder}: several {split} files ({', '.join(found)}); pass --{split}_file")
+    return found[0] if found else None
+
+
+def data_files(task: Task, data_dir: str | os.PathLike | None = None, *, train_path=None,
+               eval_path=None) -> DataFiles:
+    """The local files of `task`: `train_path` / `eval_path` as given, the rest from `data_dir`.
+
+    For a GLUE task `data_dir` is its folder as the GLUE download script writes it
+    (`glue_data/MRPC`, or `glue_data`): train.tsv, dev.tsv (MNLI: dev_matched.tsv, and
+    dev_mismatched.tsv as the evaluation set "dev_mismatched") and the test files
+    (`glue.GLUE_TASKS`). For another task, `data_dir/train.<ext>` and `dev.<ext>` with the
+    extensions its kind reads (.tsv/.csv/.jsonl; tagging .jsonl/.txt/.conll; QA .json).
+    """
+    from electra_tf.finetune import glue
+
+    files = DataFiles(None if train_path is None else os.fspath(train_path),
+                      {} if eval_path is None else {"dev": os.fspath(eval_path)})
+    if data_dir is None:
+        return files
+    data_dir = os.path.expanduser(os.fspath(data_dir))
+    if glue.glue_task(task) is not None:
+        found = glue.glue_files(task, data_dir)
+        where = glue.task_folder(glue.GLUE_TASKS[task.name], data_dir)
+        found_train, found_dev = found.train, found.dev
+        files.test = {name: str(path) for name, path in found.test.items()}
+        wanted = f"train.tsv and {glue.GLUE_TASKS[task.name].dev[0][1]}"
+    else:
+        if not os.path.isdir(data_dir):
+            raise FileNotFoundError(f"{data_dir}: no such folder (--data_dir for task {task.name!r})")
+        where = data_dir
+        found_train = _split_file(task, data_dir, "train")
+        dev = _split_file(task, data_dir, "dev")
+        found_dev = {"dev": dev} if dev else {}
+        wanted = "train.<ext> and dev.<ext> with <ext> one of " + "/".join(_SPLIT_EXTENSIONS[task.kind])
+    if files.train is None:
+        if found_train is None:
+            raise FileNotFoundError(f"{where}: no training file (looked for {wanted})")
+        files.train = str(found_train)
+    if not files.dev:
+        if "dev" not in found_dev:
+            raise FileNotFoundError(f"{where}: no evaluation file (looked for {wanted})")
+        files.dev = {name: str(path) for name, path in found_dev.items()}
+    return files
+
+
 def read_file(task: Task, path: str | os.PathLike) -> list:
     """Reads a local file into examples, chosen by `task.kind` and the file extension."""
     path = os.fspath(path)
@@ -261,6 +333,22 @@ def read_file(task: Task, path: str | os.PathLike) -> list:
     if task.kind == "tagging":
         return [TaggingExample(i, tuple(words), _tag_ids(task, loc, tags))
                 for i, (loc, words, tags) in enumerate(_tagged_sentences(task, path))]
+    if _extension(path) == ".tsv":
+        from electra_tf.finetune import glue
+
+        spec = glue.glue_task(task)
+        if spec is not None:  # the original GLUE files, by the task's layout (glue.py)
+            first = glue.first_row(path)
+            layout = glue.detect_layout(spec, first)
+            if layout is not None:
+                return glue.read_glue_tsv(task, path, layout).examples
+            if not all(c in first for c in (task.text_column, task.text_pair_column, task.label_column)
+                       if c is not None):
+                raise TaskDataError(
+                    f"{path}:1: neither the original GLUE {spec.folder} layout ({spec.labeled.describe()}"
+                    f" for train/dev, {spec.test.describe()} for test) nor the columns "
+                    f"{[c for c in (task.text_column, task.text_pair_column, task.label_column) if c]}"
+                    f"; the first row has {first[:12]}")
     return [_sentence_example(task, i, loc, row) for i, (loc, row) in enumerate(_rows(task, path))]
 
 

@@ -9,6 +9,11 @@ fractional one) it evaluates with the task's metrics (`metrics.TaskMetrics`) and
 metric improves, writes the model to `model_dir/best/`. `run_seeds` repeats this for several
 seeds and reports the median and spread, as the paper does.
 
+Text is lower-cased and accent-stripped or not as the checkpoint's vocabulary was built
+(`data.casing`: an HF `tokenizer_config.json`, our pretraining records, a release's folder name;
+uncased when nothing says), unless `lower_case` is given; `head_config.json` records it for the
+exporter.
+
 Layout of `model_dir` after `finetune`:
 
     model_dir/
@@ -16,13 +21,20 @@ Layout of `model_dir` after `finetune`:
       results.json              this run: seed, best epoch, best metrics, every epoch's metrics
       predictions/epoch_<e>.jsonl         (classification, regression, tagging) or
       predictions/epoch_<e>.json [+ epoch_<e>_null_odds.json]   (QA; null odds for SQuAD 2.0)
+      predictions/epoch_<e>_<set>.jsonl   a second evaluation set (MNLI: dev_mismatched)
       logs/train, logs/eval     TensorBoard: loss, learning_rate, steps_per_sec; eval metrics
       best/                     the fine-tuned model with the best main metric (see below)
 
-`run_seeds(..., num_seeds=N)` writes `model_dir/seed_<s>/` (the layout above) for each seed and
-`model_dir/results.json` with every run and, per metric, median / mean / min / max / std, plus
-`best_model_dir` / `best_model` (relative: `seed_<s>/best`), the `best/` folder of the seed with
-the highest main metric.
+With several evaluation sets (MNLI's matched and mismatched dev files) each is evaluated and
+reported; the first ("dev", MNLI's matched set) picks the best epoch, the others' metrics carry
+their name (`dev_mismatched_accuracy`). GLUE test files found with `data_dir` are predicted once
+after training, with the best epoch's weights, into `best/submission/<MRPC.tsv, MNLI-m.tsv, ...>`
+in the GLUE submission format (`glue.py`).
+
+`run_seeds(..., num_seeds=N)` writes `model_dir/results.json` with every run and, per metric,
+median / mean / min / max / std. One seed runs in `model_dir` itself (the layout above); several
+run in `model_dir/seed_<s>/` each, and `model_dir/best/` is a copy of the best seed's `best/`
+(`best_seed` in results.json). Either way the fine-tuned model is `model_dir/best/`.
 
 The saved fine-tuned model, `best/` (what `load_finetuned` and the exporter read):
 
@@ -33,7 +45,9 @@ The saved fine-tuned model, `best/` (what `load_finetuned` and the exporter read
                           "kind": "classification" | "regression" | "tagging" | "qa",
                           "task": task name, "num_labels": int (0 for regression and QA),
                           "label_names": [str] | null (index = class id),
-                          "max_seq_length": int, "lower_case": true,
+                          "max_seq_length": int,
+                          "lower_case": whether inputs were lower-cased and accent-stripped
+                                        (the vocabulary's casing; the exporter follows it),
                           "head_config": head.get_config() (includes "config", the encoder's
                                          ElectraConfig dict; rebuild with
                                          HEADS[kind].from_config(head_config)),
@@ -49,6 +63,7 @@ The saved fine-tuned model, `best/` (what `load_finetuned` and the exporter read
                          `model/<head layer>/...` (`classifier`, `qa_start`, ...). No optimizer.
       vocab.txt          the WordPiece vocabulary the inputs were tokenized with
       predictions.*      the evaluation predictions of that epoch (as in predictions/)
+      submission/        GLUE test predictions of this model (GLUE tasks with test files)
 
 Inputs of every head: int32 `input_ids`, `input_mask`, `segment_ids` [batch, max_seq_length]
 laid out as `features.py` describes. Outputs: `heads.py`.
@@ -73,10 +88,11 @@ import numpy as np
 
 from electra_tf.config import ElectraConfig
 from electra_tf.finetune import features as F
+from electra_tf.finetune import glue
 from electra_tf.finetune.config import FinetuningConfig, model_size_of
 from electra_tf.finetune.heads import HEADS, build_head
 from electra_tf.finetune.metrics import TaskMetrics, tagging_accuracy
-from electra_tf.finetune.task_data import Task, get_task, infer_label_names, load_examples
+from electra_tf.finetune.task_data import Task, data_files, get_task, infer_label_names, load_examples
 from electra_tf.training import summaries
 
 FORMAT = "electra_tf_finetuned"
@@ -89,6 +105,12 @@ def _log(message: str) -> None:
     from absl import logging
 
     logging.info(message)
+
+
+def _warn(message: str) -> None:
+    from absl import logging
+
+    logging.warning(message)
 
 
 # ---------------------------------------------------------------------------------------
@@ -268,6 +290,16 @@ def evaluate(head, task: Task, data: _EvalData, fc: FinetuningConfig, strategy=N
     return {k: float(v) for k, v in results.items()}, records
 
 
+def predict(head, task: Task, inputs: dict, fc: FinetuningConfig, strategy=None) -> np.ndarray:
+    """Class ids [N] (classification) or scores [N] (regression) for sentence-task inputs."""
+    outputs = _predict(head, resolve_strategy(strategy), inputs, fc.eval_batch_size)
+    if task.kind == "classification":
+        return outputs["logits"].argmax(-1)
+    if task.kind == "regression":
+        return outputs["predictions"]
+    raise ValueError(f"task {task.name!r}: predict() takes sentence tasks, not {task.kind}")
+
+
 def is_chunk_tag_set(label_names) -> bool:
     """Whether every tag is "O" or "<B|I|E|S>-<type>" (scored by chunk F1)."""
     return all(t == "O" or (t[:2] in ("B-", "I-", "E-", "S-") and len(t) > 2) for t in label_names)
@@ -301,8 +333,10 @@ def write_predictions(records, folder: Path, stem: str, kind: str) -> list[Path]
 
 
 def save_finetuned(head, folder, *, task: Task, vocab_file, fc: FinetuningConfig,
-                   label_names=None, epoch=None, metrics=None, seed=None) -> Path:
-    """Writes `head` in the `best/` layout of the module docstring."""
+                   label_names=None, epoch=None, metrics=None, seed=None,
+                   lower_case: bool = True) -> Path:
+    """Writes `head` in the `best/` layout of the module docstring; `lower_case` is how the
+    inputs were normalised (the exporter's in-graph tokenizer does the same)."""
     import tensorflow as tf
 
     folder = Path(folder)
@@ -316,7 +350,7 @@ def save_finetuned(head, folder, *, task: Task, vocab_file, fc: FinetuningConfig
         "format": FORMAT, "version": 1, "head": type(head).__name__, "kind": head.kind,
         "task": task.name, "num_labels": len(label_names or ()),
         "label_names": list(label_names) if label_names else None,
-        "max_seq_length": fc.max_seq_length, "lower_case": True,
+        "max_seq_length": fc.max_seq_length, "lower_case": bool(lower_case),
         "head_config": head.get_config(),
         "qa": {"max_query_length": fc.max_query_length, "doc_stride": fc.doc_stride,
                "n_best_size": fc.n_best_size, "max_answer_length": fc.max_answer_length,
@@ -330,8 +364,10 @@ def save_finetuned(head, folder, *, task: Task, vocab_file, fc: FinetuningConfig
 
 
 def find_finetuned(path) -> Path:
-    """The `best/` folder for a run folder, a `run_seeds` folder (its best seed) or `best/` itself."""
-    path = Path(path)
+    """The `best/` folder of a run folder, of a `run_seeds` folder (one seed or several), of a
+    folder written before `model_dir/best/` held the best seed (its results.json names the
+    seed's folder), or `best/` itself."""
+    path = Path(path).expanduser()
     if (path / HEAD_CONFIG).exists():
         return path
     if (path / "best" / HEAD_CONFIG).exists():
@@ -423,10 +459,10 @@ def _resolve_task(task, train_path) -> Task:
 
 def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None = None, *,
              train_examples=None, eval_examples=None, train_path=None, eval_path=None,
-             tfds_data_dir=None, init_checkpoint=None, vocab_file=None, model_dir,
-             strategy=None, seed: int = 0, max_train_examples: int | None = None,
-             max_eval_examples: int | None = None, model_size: str | None = None,
-             log: Callable[[str], None] = _log) -> dict:
+             data_dir=None, tfds_data_dir=None, init_checkpoint=None, vocab_file=None,
+             lower_case: bool | None = None, model_dir, strategy=None, seed: int = 0,
+             max_train_examples: int | None = None, max_eval_examples: int | None = None,
+             model_size: str | None = None, log: Callable[[str], None] = _log) -> dict:
     """Fine-tunes one model on `task`; returns this run's results (also in model_dir/results.json).
 
     Args:
@@ -436,9 +472,16 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
       finetuning_config: a `FinetuningConfig`, or None / a dict of overrides of the original's
         defaults for the model's size (from its hidden size) and the task.
       train_examples / eval_examples: examples; otherwise read from `train_path` / `eval_path`,
-        else the task's TFDS data (`tfds_data_dir`) or packaged data (Rotten Tomatoes).
+        else from `data_dir`, else the task's TFDS data (`tfds_data_dir`) or packaged data
+        (Rotten Tomatoes).
+      data_dir: a folder of the task's files (`task_data.data_files`): a GLUE task's folder as
+        the GLUE download script writes it (`glue_data/MRPC`): train.tsv, dev.tsv (MNLI: both
+        dev sets, each evaluated) and the test files, whose predictions are written in the GLUE
+        submission format to `model_dir/best/submission/` (`glue.py`).
       init_checkpoint: pretrained discriminator (any `from_pretrained` format) or None.
       vocab_file: WordPiece vocabulary; default the checkpoint's vocab.txt.
+      lower_case: lower-case and strip accents (uncased vocabulary) or not (cased); None takes
+        what the checkpoint records (`data.casing.resolve_lower_case`), else uncased.
       model_dir: output folder (layout in the module docstring).
       strategy: a `tf.distribute.Strategy`, a strategy name, or None (one device).
       seed: seeds weight init of the head (and of a random encoder), dropout and data order.
@@ -447,18 +490,24 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
       log: where progress lines go.
 
     Returns:
-      {"seed", "best_epoch", "best" (metrics of the best epoch), "history", "model_dir",
-       "best_model_dir", "num_train_examples", "num_eval_examples", "train_steps"}.
+      {"seed", "best_epoch", "best" (metrics of the best epoch; a second evaluation set's
+       metrics prefixed with its name, e.g. "dev_mismatched_accuracy"), "history", "model_dir",
+       "best_model_dir", "num_train_examples", "num_eval_examples", "train_steps",
+       "lower_case", "submission" (GLUE test prediction files written, by name)}.
     """
     import keras
     import tensorflow as tf
 
-    from electra_tf.data.tokenizer import WordpieceTokenizer
+    from electra_tf.data.casing import resolve_lower_case
+    from electra_tf.data.tokenizer import WordpieceTokenizer, load_vocab
     from electra_tf.training.progress import ProgressLogger
     from electra_tf.training.strategy import is_chief
 
+    warn = _warn if log is _log else (lambda message: log("WARNING: " + message))
     model_dir = Path(model_dir)
-    task = _resolve_task(task, train_path)
+    task = get_task(task) if isinstance(task, str) else task
+    files = data_files(task, data_dir, train_path=train_path, eval_path=eval_path)
+    task = _resolve_task(task, files.train)
     strategy = resolve_strategy(strategy)
     chief = is_chief(strategy)  # only the chief writes files (multi-worker)
     if chief:
@@ -478,7 +527,9 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
     if vocab_file is None:
         raise ValueError(f"no vocabulary: {init_checkpoint or 'the model config'} has no vocab.txt; "
                          "pass vocab_file")
-    tokenizer = WordpieceTokenizer(vocab_file)
+    vocab = load_vocab(vocab_file)
+    lower_case = resolve_lower_case(lower_case, init_checkpoint, vocab, log=log, warn=warn)
+    tokenizer = WordpieceTokenizer(vocab_file, lower_case=lower_case)
     if tokenizer.vocab_size > config.vocab_size:
         raise ValueError(f"{vocab_file}: {tokenizer.vocab_size} tokens, but the model's "
                          f"vocab_size is {config.vocab_size}")
@@ -495,24 +546,38 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
 
     # --- data ---
     if train_examples is None:
-        train_examples = load_examples(task, "train", path=train_path, data_dir=tfds_data_dir)
-    if eval_examples is None:
-        eval_examples = load_examples(task, "dev", path=eval_path, data_dir=tfds_data_dir)
+        train_examples = load_examples(task, "train", path=files.train, data_dir=tfds_data_dir)
+    eval_sets = {"dev": eval_examples} if eval_examples is not None else {
+        name: load_examples(task, name, path=path) for name, path in files.dev.items()}
+    if not eval_sets:
+        eval_sets = {"dev": load_examples(task, "dev", data_dir=tfds_data_dir)}
     train_examples = _subsample(train_examples, max_train_examples)
-    eval_examples = _subsample(eval_examples, max_eval_examples)
     _check_labels(task, train_examples, "train")
-    _check_labels(task, eval_examples, "dev")
     train_arrays, _ = _featurize(task, train_examples, tokenizer, fc, training=True)
-    eval_inputs, eval_extra = _featurize(task, eval_examples, tokenizer, fc, training=False)
-    eval_data = _EvalData(eval_examples, eval_inputs, eval_extra)
+    eval_data = {}
+    for name, examples in eval_sets.items():  # "dev" first: its main metric picks the best model
+        examples = _subsample(examples, max_eval_examples)
+        _check_labels(task, examples, name)
+        inputs, extra = _featurize(task, examples, tokenizer, fc, training=False)
+        eval_data[name] = _EvalData(examples, inputs, extra)
+    eval_examples = eval_data["dev"].examples
+    test_data = {}  # GLUE submission file -> unlabeled test examples and their inputs
+    for name, path in files.test.items():
+        examples = load_examples(task, "test", path=path)
+        test_data[name] = _EvalData(examples, _featurize(task, examples, tokenizer, fc, training=False)[0])
     train_arrays = {k: v for k, v in train_arrays.items() if k not in ("word_positions", "num_words")}
     num_train = len(train_arrays["input_ids"])
     batch = fc.train_batch_size
     steps_per_epoch = max(1, num_train // batch)
     total_steps = max(1, int(num_train * fc.num_train_epochs / batch))
+    if num_train < batch:
+        warn(f"{task.name}: the training set ({num_train} inputs) is smaller than one batch of "
+             f"{batch}: every batch repeats examples, {total_steps} step(s) in all (a smaller "
+             "train_batch_size gives more steps)")
     log(f"{task.name}: {len(train_examples)} train examples ({num_train} inputs), "
-        f"{len(eval_examples)} eval; {total_steps} steps of {batch} "
-        f"({steps_per_epoch} per epoch), seed {seed}")
+        + ", ".join(f"{len(d.examples)} {name}" for name, d in eval_data.items())
+        + "".join(f", {len(d.examples)} test ({name})" for name, d in test_data.items())
+        + f"; {total_steps} steps of {batch} ({steps_per_epoch} per epoch), seed {seed}")
 
     # --- model and optimizer ---
     keras.utils.set_random_seed(seed)
@@ -577,24 +642,48 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
             loss_sum, loss_count, last_time, last_step = 0.0, 0, now, step
         if step in eval_steps:
             epoch = round(step / steps_per_epoch, 3)
-            results, records = evaluate(head, task, eval_data, fc, strategy, label_names)
+            results, all_records = {}, {}
+            for name, data in eval_data.items():
+                scores, all_records[name] = evaluate(head, task, data, fc, strategy, label_names)
+                prefix = "" if name == "dev" else f"{name}_"
+                results.update({prefix + k: v for k, v in scores.items()
+                                if name == "dev" or k != "main"})
             history.append({"epoch": epoch, "step": step, **results})
             with writers["eval"].as_default():
                 for name, value in results.items():
                     summaries.scalar(name, value, step=step)
             log(f"eval epoch {epoch:g}: " + ", ".join(f"{k} {v:.4g}" for k, v in results.items()))
             if chief:
-                write_predictions(records, model_dir / "predictions", f"epoch_{epoch:g}", task.kind)
+                for name, records in all_records.items():
+                    suffix = "" if name == "dev" else f"_{name}"
+                    write_predictions(records, model_dir / "predictions", f"epoch_{epoch:g}{suffix}", task.kind)
             score = results["main"] if math.isfinite(results["main"]) else -math.inf
             if best is None or score > best_score or not fc.keep_best:
                 best_score, best = score, {"epoch": epoch, "step": step, **results}
+                if test_data:  # the test sets are predicted once, with the best weights
+                    best_weights = [v.numpy() for v in head.weights]
                 if chief:
                     folder = save_finetuned(head, model_dir / "best", task=task, vocab_file=vocab_file,
                                             fc=fc, label_names=label_names, epoch=epoch,
-                                            metrics=results, seed=seed)
-                    write_predictions(records, folder, "predictions", task.kind)
+                                            metrics=results, seed=seed, lower_case=lower_case)
+                    for name, records in all_records.items():
+                        suffix = "" if name == "dev" else f"_{name}"
+                        write_predictions(records, folder, f"predictions{suffix}", task.kind)
     for writer in writers.values():
         writer.flush()
+
+    submission = {}
+    if test_data:
+        for variable, value in zip(head.weights, best_weights):
+            variable.assign(value)
+        for name, data in test_data.items():
+            predictions = predict(head, task, data.inputs, fc, strategy)
+            if chief:
+                path = glue.write_submission(model_dir / "best" / "submission" / name,
+                                             glue.GLUE_TASKS[task.name], data.examples, predictions)
+                submission[name] = str(path)
+                log(f"wrote the {len(data.examples)} test predictions of the best epoch "
+                    f"({best['epoch']:g}) to {path}")
 
     result = {
         "task": task.name, "seed": seed, "main_metric": list(metric.main),
@@ -602,10 +691,21 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
         "history": history, "model_dir": str(model_dir), "best_model_dir": str(model_dir / "best"),
         "num_train_examples": len(train_examples), "num_eval_examples": len(eval_examples),
         "train_steps": total_steps, "init_checkpoint": None if init_checkpoint is None else str(init_checkpoint),
+        "lower_case": lower_case, "submission": submission,
     }
     if chief:
         (model_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def warmup_steps(fc: FinetuningConfig, total_steps: int) -> float:
+    """`warmup_proportion` of the steps, or none when that is under one step.
+
+    The warmup multiplies the rate by step / warmup, which is 0 at the first step (step 0): a
+    warmup shorter than one step only zeroes that step, and a run of one step (a training set
+    smaller than a batch) would learn nothing at all."""
+    warmup = fc.warmup_proportion * total_steps
+    return warmup if warmup >= 1 else 0.0
 
 
 def create_finetuning_optimizer(fc: FinetuningConfig, num_layers: int, total_steps: int):
@@ -614,7 +714,7 @@ def create_finetuning_optimizer(fc: FinetuningConfig, num_layers: int, total_ste
     from electra_tf.training.optimizer import create_optimizer
 
     return create_optimizer(
-        "adamw", fc.learning_rate, total_steps, fc.warmup_proportion * total_steps,
+        "adamw", fc.learning_rate, total_steps, warmup_steps(fc, total_steps),
         weight_decay=fc.weight_decay, clip_norm=fc.clip_norm,
         layerwise_decay=fc.layerwise_decay_or_none, num_layers=num_layers,
         match_original_layerwise=fc.match_original_layerwise)
@@ -630,9 +730,15 @@ def summarize(values: Sequence[float]) -> dict:
 
 def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num_seeds: int = 1,
               seed: int = 0, **kwargs) -> dict:
-    """Runs `finetune` with seeds seed, seed+1, ... in `model_dir/seed_<s>/`; writes
-    `model_dir/results.json` with every run and the median and spread of each best-epoch metric
-    (the paper reports the median over seeds)."""
+    """Runs `finetune` with seeds seed, seed+1, ...; writes `model_dir/results.json` with every
+    run and the median and spread of each best-epoch metric (the paper reports the median over
+    seeds). The chosen model is always `model_dir/best/`:
+
+    - one seed: the run's own layout (module docstring) directly in `model_dir`;
+    - several: each run in `model_dir/seed_<s>/`, and `model_dir/best/` a copy of the `best/` of
+      the seed with the highest main metric (`results.json` "best_seed"), so that export and
+      `load_finetuned(model_dir)` take the same folder whatever the number of seeds.
+    """
     if num_seeds < 1:
         raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
     from electra_tf.training.strategy import is_chief
@@ -641,8 +747,8 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
     kwargs["strategy"] = resolve_strategy(kwargs.get("strategy"))  # one strategy for every seed
     runs = []
     for s in range(seed, seed + num_seeds):
-        runs.append(finetune(task, model_config, finetuning_config, model_dir=model_dir / f"seed_{s}",
-                             seed=s, **kwargs))
+        run_dir = model_dir if num_seeds == 1 else model_dir / f"seed_{s}"
+        runs.append(finetune(task, model_config, finetuning_config, model_dir=run_dir, seed=s, **kwargs))
     names = [k for k in runs[0]["best"] if all(k in r["best"] for r in runs)]
     summary = {name: summarize([r["best"][name] for r in runs]) for name in names}
     best_run = max(runs, key=lambda r: r["best"]["main"])
@@ -650,10 +756,15 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
         "task": runs[0]["task"], "num_seeds": num_seeds, "seeds": [r["seed"] for r in runs],
         "main_metric": runs[0]["main_metric"], "summary": summary,
         "median": {name: s["median"] for name, s in summary.items()},
-        "best_model_dir": best_run["best_model_dir"],
-        "best_model": f"seed_{best_run['seed']}/best", "runs": runs,
+        "best_seed": best_run["seed"], "best_model_dir": str(model_dir / "best"),
+        "best_model": "best", "runs": runs,
     }
     if is_chief(kwargs["strategy"]):
         model_dir.mkdir(parents=True, exist_ok=True)
+        if num_seeds > 1:
+            best = model_dir / "best"
+            if best.exists():
+                shutil.rmtree(best)
+            shutil.copytree(best_run["best_model_dir"], best)
         (model_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -36,6 +36,15 @@ Signatures (every input and output has the batch first):
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
 
+Casing follows the fine-tuned model (`lower_case` in `head_config.json`, the vocabulary's casing,
+true when absent as in files written before it was recorded): the in-graph normalisation
+lower-cases, NFD-decomposes and drops accents only when it is true, and otherwise keeps the text
+as it came (after deleting control characters), so a cased vocabulary gets "Apple" and "apple"
+apart. The WordPiece op (`FastWordpieceTokenizer` with its pre-tokenizer) splits on whitespace
+and punctuation but never changes case; the case folding of TF Text's own normaliser
+(`FastBertNormalizer(lower_case_nfd_strip_accents=True)`) is not used (see `ServingTokenizer`).
+The export report (`assets.extra/electra_export.json`) records `lower_case`.
+
 Custom ops: the export lists the non-core ops in the SavedModel's graph and its function library
 (`saved_model_ops`), looks each one up in `TF_TEXT_OP_INTRODUCED` and reports the oldest TF Serving
 release whose bundled TF Text has them all (`custom_op_report`). It prints the report and writes
@@ -623,6 +632,7 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
             "kind": head.kind,
             "task": info.get("task"),
             "max_seq_length": pre.max_seq_length,
+            "lower_case": pre.tokenizer.lower_case,
             "text_pair": bool(pair),
             "ids_only": bool(ids_only),
             "label_names": info.get("label_names"),
@@ -675,6 +685,9 @@ def format_report(path: str, report: Mapping[str, Any]) -> str:
              "  signatures: " + "; ".join(f"{name}({', '.join(sig['inputs'])}) -> {', '.join(sig['outputs'])}"
                                           for name, sig in report["signatures"].items()),
              f"  custom ops: {ops}"]
+    if "lower_case" in report:
+        lines.append("  text: " + ("lower-cased, accents stripped (uncased vocabulary)" if report["lower_case"]
+                                   else "case and accents kept (cased vocabulary)"))
     if report["unknown_ops"]:
         lines.append(f"  ops of unknown origin: {', '.join(report['unknown_ops'])} (TF Serving compatibility unknown)")
     if report["custom_ops"] and report["oldest_tf_serving"]:

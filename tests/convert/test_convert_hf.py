@@ -145,3 +145,48 @@ def test_pytorch_bin_without_torch_says_so(tmp_path):
     (folder / "config.json").write_text(json.dumps(hf_config("ElectraForPreTraining", H, HEADS, 512)))
     with pytest.raises(ConversionError, match="needs torch"):
         load_pretrained(folder, "discriminator")
+
+
+def _cased_vocab(path, size):
+    """A cased vocabulary of `size` tokens with "Apple" and "apple" as whole words."""
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "Apple", "apple", "pie", "."]
+    tokens += [f"[unused{i}]" for i in range(size - len(tokens))]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(tokens) + "\n")
+    return path
+
+
+def test_tokenizer_config_carries_the_casing(tmp_path, tiny_ckpt):
+    from electra_tf.convert.pretrained import convert, save_electra_checkpoint
+    from electra_tf.data.casing import checkpoint_lower_case
+
+    disc = load_pretrained(tiny_ckpt, "discriminator")
+    vocab = _cased_vocab(tmp_path / "vocab" / "vocab.txt", V)
+    hf.export_hf(disc.model, tmp_path / "cased", vocab_file=vocab, lower_case=False)
+    written = json.loads((tmp_path / "cased" / "tokenizer_config.json").read_text())
+    assert written["do_lower_case"] is False and written["strip_accents"] is None
+    assert checkpoint_lower_case(tmp_path / "cased")[0] is False  # read back on import
+    # A pretraining run that recorded lower_case=false, converted with electra-convert's
+    # `convert`: the casing comes along with the vocabulary.
+    run = tmp_path / "run"
+    save_electra_checkpoint(disc.model, disc.config, run / "discriminator", vocab_file=vocab)
+    (run / "pretraining_config.json").write_text(json.dumps({"pretraining_config": {"lower_case": False}}))
+    convert(run / "discriminator", tmp_path / "converted", output_format="hf")
+    assert json.loads((tmp_path / "converted" / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    # The released (uncased) TF1 layout, with nothing recorded: uncased, as the released models.
+    convert(tiny_ckpt, tmp_path / "released", output_format="hf")
+    assert json.loads((tmp_path / "released" / "tokenizer_config.json").read_text())["do_lower_case"] is True
+
+
+def test_transformers_tokenizer_reads_the_exported_casing(tmp_path, tiny_ckpt):
+    transformers = pytest.importorskip("transformers")
+    disc = load_pretrained(tiny_ckpt, "discriminator")
+    vocab = _cased_vocab(tmp_path / "vocab.txt", V)
+    ids = {}
+    for lower_case in (False, True):
+        out = tmp_path / f"lower_{lower_case}"
+        hf.export_hf(disc.model, out, vocab_file=vocab, lower_case=lower_case)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+        ids[lower_case] = [tokenizer("Apple pie")["input_ids"], tokenizer("apple pie")["input_ids"]]
+    assert ids[False][0] != ids[False][1] and ids[False][0] == [2, 5, 7, 3]
+    assert ids[True][0] == ids[True][1] == [2, 6, 7, 3]

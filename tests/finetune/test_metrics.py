@@ -112,5 +112,6 @@ def test_task_metrics_main_scores():
     assert tag["main"] == 100.0 and tag["accuracy"] == 100.0
     squad = metrics.TaskMetrics.for_task("squad2.0").compute(_squad([("q", [])]), {"q": ""})
     assert squad["main"] == 100.0
-    with pytest.raises(ValueError, match="unknown task 'wnli'"):
-        metrics.TaskMetrics.for_task("wnli")
+    assert metrics.TaskMetrics.for_task("glue/wnli").main == ("accuracy",)  # GLUE's ninth task
+    with pytest.raises(ValueError, match="unknown task 'ax'"):
+        metrics.TaskMetrics.for_task("ax")  # the diagnostic set has no training data or metric here

@@ -103,7 +103,8 @@ def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
     train = _events(tmp_path / "logs" / "train")
     assert [s for s, _ in train["loss"]] == [2, 4, 6, 8]
     lrs = [v for _, v in train["learning_rate"]]
-    assert lrs == sorted(lrs, reverse=True) and lrs[0] < 1e-3  # warmup 10%, then linear decay
+    # 8 steps: a 10% warmup would be under one step, so none (`warmup_steps`); linear decay.
+    assert lrs == sorted(lrs, reverse=True) and lrs[0] < 1e-3
     assert [s for s, _ in _events(tmp_path / "logs" / "eval")["accuracy"]] == [4, 8]
     # The saved best model: layout, and the same predictions after loading.
     best_dir = tmp_path / "best"
@@ -122,6 +123,22 @@ def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
     probs = tf.nn.softmax(head(features)["logits"]).numpy()
     saved = [json.loads(l) for l in (best_dir / "predictions.jsonl").read_text().splitlines()]
     np.testing.assert_allclose(probs, [r["probabilities"] for r in saved], atol=2e-6)
+
+
+def test_fewer_examples_than_a_batch_take_a_real_step(tmp_path, tiny_config, vocab_file, rt_balanced):
+    """5 examples, batches of 16: one step, at the peak learning rate (a warmup under one step
+    would leave it at 0), and a warning that says why the batch repeats examples."""
+    from electra_tf.finetune.trainer import warmup_steps
+
+    assert warmup_steps(FC, 8) == 0.0 and warmup_steps(FC, 100) == pytest.approx(10.0)
+    lines = []
+    result = finetune("rotten_tomatoes", tiny_config, FC.replace(num_train_epochs=1, log_every_steps=1),
+                      train_examples=rt_balanced[:5], eval_examples=rt_balanced[:4],
+                      vocab_file=vocab_file, model_dir=tmp_path, log=lines.append)
+    assert result["train_steps"] == 1
+    assert any(line.startswith("WARNING: rotten_tomatoes: the training set (5 inputs) is smaller "
+                               "than one batch of 16") for line in lines)
+    assert _events(tmp_path / "logs" / "train")["learning_rate"] == [(1, pytest.approx(1e-3))]
 
 
 def _squad_json(path, rt_sentences):
@@ -158,6 +175,24 @@ def test_finetune_squad2_file_random_init(tmp_path, tiny_config, vocab_file, rt_
     head, info, _ = load_finetuned(tmp_path / "run" / "best")
     assert isinstance(head, SpanQuestionAnswerer) and head.beam_size == 5
     assert info["qa"]["version_2"] is True and info["qa"]["null_score_diff_threshold"] == -2.75
+
+
+def test_find_finetuned_in_every_layout(tmp_path, monkeypatch):
+    from electra_tf.finetune.trainer import find_finetuned
+
+    def model(folder):
+        folder.mkdir(parents=True)
+        (folder / "head_config.json").write_text("{}")
+        return folder
+
+    one_seed = model(tmp_path / "one" / "best")  # one seed: model_dir/best
+    assert find_finetuned(tmp_path / "one") == one_seed and find_finetuned(one_seed) == one_seed
+    # Written before model_dir/best held the best seed: results.json names the seed's folder.
+    old = model(tmp_path / "old" / "seed_3" / "best")
+    (tmp_path / "old" / "results.json").write_text(json.dumps({"best_model": "seed_3/best"}))
+    assert find_finetuned(tmp_path / "old") == old
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert find_finetuned("~/one") == one_seed
 
 
 def test_summarize_median_and_spread():
@@ -273,6 +308,7 @@ def test_binary_seeds_median_checkpoint_and_random_init(pretrained_dir, tmp_path
     assert results["median"]["accuracy"] == results["summary"]["accuracy"]["median"]
     assert {"min", "max", "std"} <= set(results["summary"]["accuracy"])
     assert all((out / f"seed_{s}" / "best" / "head_config.json").exists() for s in (5, 6))
+    assert results["best_model_dir"] == str(out / "best") and (out / "best" / "head_config.json").exists()
     assert "median" in proc.stdout and "over 2 seed(s)" in proc.stdout
     assert all(r["init_checkpoint"] == str(folder) for r in results["runs"])
     head, info, _ = load_finetuned(out)  # the best seed
@@ -285,6 +321,9 @@ def test_binary_seeds_median_checkpoint_and_random_init(pretrained_dir, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads((tmp_path / "random" / "results.json").read_text())["runs"][0]
     assert run["init_checkpoint"] is None and run["train_steps"] == 3
+    # One seed: the run is model_dir itself (`model_dir/best/`, as documented).
+    assert (tmp_path / "random" / "best" / "head_config.json").exists()
+    assert not (tmp_path / "random" / "seed_0").exists()
 
 
 def test_binary_reports_bad_input(tmp_path, vocab_file):

@@ -587,14 +587,73 @@ def test_served_sentences_padded_to_the_longest_row_equal_keras(exports, cases, 
                 np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
 
 
+# ---------------------------------------------------------------------------------------
+# Casing: a cased vocabulary's export keeps "Apple" and "apple" apart; an uncased one folds them.
+# ---------------------------------------------------------------------------------------
+
+
+CASED_TEXT = ["Apple sells the apple pie .", "An apple a day , said Apple .",
+              "The Apple store sold apple juice .", "I like apple and Apple likes me ."] * 20
+
+
+def test_export_follows_the_vocabularys_casing(tmp_path):
+    """Heads fine-tuned with lower_case false / true over a vocabulary learned from cased text,
+    exported and loaded in a process with only tensorflow + tensorflow_text: the text signature
+    of the cased export answers "Apple pie" as serve_ids answers the cased ids (not those of
+    "apple pie"); the uncased export answers both texts alike."""
+    from electra_tf.data.tokenizer import learn_vocab, write_vocab
+
+    vocab = str(tmp_path / "vocab.txt")
+    write_vocab(learn_vocab(CASED_TEXT, 200, lower_case=False), vocab)
+    config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
+    texts = ["Apple pie", "apple pie"]
+    request = {}
+    for lower_case in (False, True):
+        name = "uncased" if lower_case else "cased"
+        head = SentenceClassifier(config, num_labels=2)
+        _amplify(head, 7)
+        task = Task("company", "classification", ("fruit", "firm"))
+        save_finetuned(head, tmp_path / name / "best", task=task, vocab_file=vocab,
+                       fc=FinetuningConfig(max_seq_length=SEQ), label_names=task.label_names,
+                       lower_case=lower_case)
+        path = E.export_finetuned(str(tmp_path / name), str(tmp_path / "export"), name, verbose=False)
+        report = json.load(open(os.path.join(path, E.EXPORT_REPORT)))
+        assert report["lower_case"] is lower_case
+        ids = F.featurize_sentences([SentenceExample(i, t) for i, t in enumerate(texts)],
+                                    WordpieceTokenizer(vocab, lower_case=lower_case), SEQ)
+        assert (ids["input_ids"][0] != ids["input_ids"][1]).any() != lower_case
+        request[name] = {"path": path, "signatures": {
+            "serving_default": {"text": texts},
+            "serve_ids": {k: ids[k].tolist() for k in E.INPUT_KEYS}}}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    (tmp_path / "loader.py").write_text(_LOADER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, str(tmp_path / "loader.py"), str(tmp_path / "request.json"),
+                          str(tmp_path / "result.json")], cwd=str(tmp_path), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    served = json.loads((tmp_path / "result.json").read_text())["models"]
+    for name in ("cased", "uncased"):
+        from_text = np.array(served[name]["serving_default"]["probabilities"])
+        from_ids = np.array(served[name]["serve_ids"]["logits"])
+        from_ids = np.exp(from_ids) / np.exp(from_ids).sum(-1, keepdims=True)
+        np.testing.assert_allclose(from_text, from_ids, atol=1e-5, err_msg=name)
+    # Log-probabilities: the amplified heads saturate the softmax.
+    cased = np.log(served["cased"]["serving_default"]["probabilities"])
+    assert np.abs(cased[0] - cased[1]).max() > 1e-2  # "Apple" and "apple": other ids, other answers
+    uncased = np.log(served["uncased"]["serving_default"]["probabilities"])
+    np.testing.assert_allclose(uncased[0], uncased[1], atol=1e-5)
+
+
 @pytest.mark.slow
 def test_electra_export_binary(finetuned, tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-    def electra_export(*flags):
-        return subprocess.run([sys.executable, "-m", "tools.export", f"--checkpoint={finetuned / 'classification'}",
+    def electra_export(*flags):  # --checkpoint as ~/...: the binary expands it
+        return subprocess.run([sys.executable, "-m", "tools.export", f"--checkpoint=~/{finetuned.name}/classification",
                                f"--export_base={tmp_path}", "--model_name=cli", *flags], cwd=repo,
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, HOME=str(finetuned.parent)))
 
     run = electra_export()
     assert run.returncode == 0, run.stderr[-2000:]
