@@ -11,6 +11,9 @@ EXTRAS = {
     "serving": ["tensorflow-serving-api==2.21.*", "grpcio>=1.60"],
     "tfds": ["tensorflow-datasets>=4.9"],
     "hf": ["safetensors>=0.4"],
+    # keras-hub ELECTRA presets (electra_tf/convert/keras_hub.py reads its backbone's layers:
+    # pinned to the minor version it was written against). keras-hub needs Python 3.11.
+    "keras_hub": ["keras-hub==0.32.*; python_version >= '3.11'"],
     "torch": ["torch"],
     "anchors": ["torch==2.13.0", "transformers>=5.24"],
     "plot": ["matplotlib>=3.7"],

@@ -4,7 +4,10 @@
       [--input_format=auto] [--kind=discriminator] [--config=electra_small] [--allow_unknown]
 
 --input is a TF1 checkpoint prefix or released archive folder, a Hugging Face folder
-(config.json + model.safetensors / pytorch_model.bin), or a folder written by electra_tf.
+(config.json + model.safetensors / pytorch_model.bin), a folder written by electra_tf, or a
+keras-hub ElectraBackbone preset folder. --output_format=keras_hub writes the discriminator's
+encoder as a keras-hub preset (backbone + tokenizer; the keras_hub extra; what differs from
+ELECTRA, the tanh GELU and the pooler, is in electra_tf/convert/keras_hub.py).
 Prints the mapping report (mapped, ignored, missing) of the import and of the export.
 See electra_tf/convert/ for the formats.
 """

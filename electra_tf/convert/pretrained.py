@@ -8,6 +8,9 @@ Formats, detected automatically:
   electra_tf  ours: `electra_tf_checkpoint.json` (marker), `config.json` (`ElectraConfig.to_json`),
               a `tf.train.Checkpoint` with the objects `discriminator` and/or `generator`, and
               optionally `vocab.txt`. Written by `save_electra_checkpoint`.
+  keras_hub   a keras-hub `ElectraBackbone` preset folder (`config.json` naming the class,
+              `model.weights.h5`, tokenizer): one encoder, no heads; needs the keras_hub extra.
+              See `keras_hub.py` for what differs (GELU, pooler).
 
 Example:
 >>> disc, config, vocab = from_pretrained("electra_small")          # a released TF1 archive
@@ -28,7 +31,7 @@ from electra_tf.convert.common import (
     ConversionError, ConversionReport, check_vocab_size, damaged, model_kind, open_tf_checkpoint,
     read_json, reading_tf_tensors)
 
-FORMATS = ("tf1", "hf", "electra_tf")
+FORMATS = ("tf1", "hf", "electra_tf", "keras_hub")
 KINDS = ("discriminator", "generator", "pretrainer")
 MARKER = "electra_tf_checkpoint.json"
 CHECKPOINT_NAME = "model"  # <folder>/model.index, model.data-*
@@ -130,11 +133,15 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
 
 # --- detection and loading -----------------------------------------------------------------------
 def detect_format(path) -> str:
-    """'tf1', 'hf' or 'electra_tf'; raises ConversionError listing what was looked for."""
+    """'tf1', 'hf', 'electra_tf' or 'keras_hub'; a ConversionError lists what was looked for."""
+    from electra_tf.convert.keras_hub import is_keras_hub_preset
+
     p = Path(path)
     if p.is_dir():
         if (p / MARKER).exists():
             return "electra_tf"
+        if is_keras_hub_preset(p):
+            return "keras_hub"
         if (p / "config.json").exists() and any((p / f).exists() for f in hf.WEIGHT_FILES):
             return "hf"
         if all((p / sub / "config.json").exists() for sub in ("discriminator", "generator")):
@@ -146,7 +153,8 @@ def detect_format(path) -> str:
     raise ConversionError(
         f"no checkpoint found at {path}. Looked for: {MARKER} (electra_tf); config.json with "
         f"{' / '.join(hf.WEIGHT_FILES)}, or discriminator/ + generator/ HF folders (hf); a "
-        "'checkpoint' file, '*.index' files or '<path>.index' (tf1)")
+        "'checkpoint' file, '*.index' files or '<path>.index' (tf1); config.json of a keras-hub "
+        "ElectraBackbone (keras_hub)")
 
 
 def load_pretrained(path, kind: str = "discriminator", config=None, *, input_format: str = "auto",
@@ -166,6 +174,13 @@ def load_pretrained(path, kind: str = "discriminator", config=None, *, input_for
         if not (Path(path) / MARKER).exists():
             raise ConversionError(f"{path}: no {MARKER}; not an electra_tf checkpoint folder")
         return _load_electra_tf(Path(path), kind, config)
+    elif fmt == "keras_hub":
+        from electra_tf.convert.keras_hub import load_keras_hub_preset
+
+        if kind != "discriminator":
+            raise ConversionError(f"{path}: a keras-hub preset holds one encoder and no heads; "
+                                  f"load it as kind='discriminator', not {kind!r}")
+        return load_keras_hub_preset(path, config)
     else:
         raise ValueError(f"input_format must be 'auto' or one of {FORMATS}, got {fmt!r}")
     return Pretrained(model, cfg, vocab, report, fmt)
@@ -191,7 +206,7 @@ def from_pretrained(path, kind: str = "discriminator", config=None):
 # --- writing and converting ----------------------------------------------------------------------
 def save(model, output, output_format: str, *, vocab_file=None,
          config: ElectraConfig | None = None) -> ConversionReport:
-    """Writes `model` in `output_format` ('tf1', 'hf' or 'electra_tf') to folder `output`."""
+    """Writes `model` in `output_format` ('tf1', 'hf', 'electra_tf' or 'keras_hub') to `output`."""
     if output_format == "tf1":
         return tf1.export_tf1(model, output, vocab_file=vocab_file)[1]
     if output_format == "hf":
@@ -202,6 +217,10 @@ def save(model, output, output_format: str, *, vocab_file=None,
                                   target=f"electra_tf:{output}")
         report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
         return report
+    if output_format == "keras_hub":  # the discriminator's encoder: heads and generator dropped
+        from electra_tf.convert.keras_hub import to_keras_hub_preset
+
+        return to_keras_hub_preset(model, output, vocab_file=vocab_file)
     raise ValueError(f"output_format must be one of {FORMATS}, got {output_format!r}")
 
 
