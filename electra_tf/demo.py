@@ -347,9 +347,10 @@ def run(cfg: DemoConfig) -> dict:
     t = _stage(f"4/6 fine-tuning on Rotten Tomatoes, {seeds} seeds from the pretrained encoder, "
                f"then {seeds} from random initialisation")
     finetuned = cfg.path("finetune_pretrained")
+    pretrained_runs = finetune_rotten_tomatoes(
+        cfg, vocab_file, finetuned, init_checkpoint=pretrained["discriminator"])
     accuracy = {
-        "pretrained": seed_accuracies(finetune_rotten_tomatoes(
-            cfg, vocab_file, finetuned, init_checkpoint=pretrained["discriminator"])),
+        "pretrained": seed_accuracies(pretrained_runs),
         "random_init": seed_accuracies(finetune_rotten_tomatoes(
             cfg, vocab_file, cfg.path("finetune_random"), init_checkpoint=None)),
     }
@@ -357,7 +358,7 @@ def run(cfg: DemoConfig) -> dict:
     timings["finetune"] = time.time() - t
     # The pretrained run whose seed reached the median is the one exported and served.
     median_seed = _median_seed(accuracy["pretrained"])
-    finetuned_dir = os.path.join(finetuned, f"seed_{median_seed}", "best")
+    finetuned_dir = next(r["best_model_dir"] for r in pretrained_runs["runs"] if r["seed"] == median_seed)
     t = _stage(f"5/6 export for TF Serving (the pretrained encoder's seed {median_seed})")
     export_path = export(cfg, finetuned_dir)
     timings["export"] = time.time() - t
