@@ -48,6 +48,12 @@ from tensorflow_serving.apis import (
 )
 
 from serving.batching import Batcher, BatchingParameters, Unbatched
+from serving.defaults import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
+    DEFAULT_REST_MAX_CONNECTIONS,
+)
 from serving.errors import ServingError
 from serving.grpc_api import ModelService, PredictionService, add_servicer
 from serving.manager import ModelManager
@@ -56,10 +62,6 @@ from serving.rest import RestServer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
-DEFAULT_MAX_BATCH_SIZE = 1024
-DEFAULT_REST_IDLE_TIMEOUT_SECONDS = 30.0
-DEFAULT_REST_MAX_CONNECTIONS = 256
 
 
 

@@ -20,6 +20,8 @@ import time
 
 from absl import app, flags
 
+from electra_tf import cli
+
 _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: made from IMDB).")
 _MB = flags.DEFINE_float("megabytes", 8.0, "MB of IMDB text to build from.")
 _READ_SECONDS = flags.DEFINE_float("read_seconds", 5.0, "Seconds to read per sequence length.")
@@ -117,7 +119,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

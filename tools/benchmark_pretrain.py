@@ -55,6 +55,7 @@ import time
 
 from absl import app, flags, logging
 
+from electra_tf import cli
 from electra_tf.models.flops import training_flops_per_sequence
 
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
@@ -472,7 +473,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from electra_tf import cli
+
 _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: made from Rotten Tomatoes).")
 _SECONDS = flags.DEFINE_float("seconds", 5.0, "Time budget per path and batch size.")
 _MIN_REQUESTS = flags.DEFINE_integer("min_requests", 5, "Requests per cell at least.")
@@ -104,7 +106,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Builds ELECTRA pretraining TFRecords from text (one sentence per line, blank line between docs).
+r"""Builds ELECTRA pretraining TFRecords from text (one sentence per line, blank line between docs).
 
   electra-build-data --vocab_file=vocab.txt --output_dir=data/pretrain \
       [--input=corpus/*.txt --input=more.txt.gz] [--max_seq_length=128] [--num_shards=0] \
@@ -13,6 +13,7 @@ import sys
 
 from absl import app, flags, logging
 
+from electra_tf import cli
 from electra_tf.data import pretraining_data
 
 _INPUT = flags.DEFINE_multi_string(
@@ -30,7 +31,9 @@ _SEED = flags.DEFINE_integer("seed", 0, "Packing seed (output is identical for a
                              "--num_processes).")
 _ON_ERROR = flags.DEFINE_enum("on_error", "warn", ["warn", "fail"],
                               "Non-UTF-8 input: warn with file:line and replace, or fail.")
-_LOWER = flags.DEFINE_bool("lower_case", True, "BERT uncased normalisation.")
+_LOWER = flags.DEFINE_bool("lower_case", True, "Lower-case and strip accents (BERT uncased); "
+                           "--nolower_case keeps both, for a cased vocabulary. Recorded in "
+                           "manifest.json, which electra-pretrain reads.")
 _MAX_LINE = flags.DEFINE_integer("max_line_bytes", pretraining_data.DEFAULT_MAX_LINE_BYTES,
                                  "Longer lines are truncated with a warning.")
 _PROGRESS = flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines.")
@@ -62,7 +65,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

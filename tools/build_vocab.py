@@ -1,4 +1,4 @@
-"""Learns a BERT WordPiece vocab with tf-text's bert_vocab_from_dataset.
+r"""Learns a BERT WordPiece vocab with tf-text's bert_vocab_from_dataset.
 
   electra-build-vocab --output=vocab.txt [--input=corpus/*.txt ...] [--vocab_size=30522] \
       [--lower_case] [--num_unused=0]
@@ -13,7 +13,7 @@ import time
 
 from absl import app, flags, logging
 
-from electra_tf.data import tokenizer as tokenization
+from electra_tf import cli
 
 _INPUT = flags.DEFINE_multi_string(
     "input", [], "Text files, directories, globs or .gz files (repeatable). "
@@ -34,6 +34,8 @@ def main(argv):
     logging.info("Learning a vocab of at most %d tokens from %s", _VOCAB_SIZE.value,
                  ", ".join(_INPUT.value) or "the embedded IMDB corpus")
     start = time.time()
+    from electra_tf.data import tokenizer as tokenization  # TensorFlow: after the flags
+
     vocab = tokenization.learn_vocab(lines, _VOCAB_SIZE.value, lower_case=_LOWER.value,
                                      num_unused=_UNUSED.value)
     tokenization.write_vocab(vocab, _OUTPUT.value)
@@ -42,7 +44,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""electra-client: send texts to a TF Serving-compatible server; one JSON line per example.
+r"""electra-client: send texts to a TF Serving-compatible server; one JSON line per example.
 
     electra-client --server=127.0.0.1:8501 --protocol=rest --model_name=electra \
         --text="a great movie" --text="dull" [--text_pair=... per --text]
@@ -8,6 +8,7 @@ import json
 
 from absl import app, flags
 
+from electra_tf import cli
 from serving.client import GrpcClient, RestClient, ServingRequestError
 
 FLAGS = flags.FLAGS
@@ -45,7 +46,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

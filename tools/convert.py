@@ -1,4 +1,4 @@
-"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face and electra_tf.
+r"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face and electra_tf.
 
   electra-convert --input=electra_small --output=/tmp/small_hf --output_format=hf \
       [--input_format=auto] [--kind=discriminator] [--config=electra_small] [--allow_unknown]
@@ -14,6 +14,7 @@ See electra_tf/convert/ for the formats.
 
 from absl import app, flags
 
+from electra_tf import cli
 from electra_tf.config import ConfigError
 from electra_tf.convert import pretrained
 from electra_tf.convert.common import ConversionError
@@ -45,7 +46,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ whole chain in a couple of minutes. Rerunning reuses the finished stages.
 
 from absl import app, flags
 
-from electra_tf import demo
+from electra_tf import cli, demo
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where every stage writes.")
 _SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: ~10 min pretraining).")
@@ -23,7 +23,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import sys
 
 from absl import app, flags
 
-from electra_tf.serving.export import export_finetuned
+from electra_tf import cli
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A fine-tuning --model_dir or its best/ folder.", required=True)
@@ -39,6 +39,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
+        from electra_tf.serving.export import export_finetuned  # TensorFlow: after the flags
+
         export_finetuned(os.path.expanduser(_CHECKPOINT.value), os.path.expanduser(_EXPORT_BASE.value),
                          _MODEL_NAME.value, version=_VERSION.value, pair=_TEXT_PAIR.value,
                          ids_only=_IDS_ONLY.value)
@@ -47,7 +49,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

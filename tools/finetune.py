@@ -1,4 +1,4 @@
-"""Fine-tunes ELECTRA on a GLUE / SQuAD / Rotten Tomatoes task or on local files.
+r"""Fine-tunes ELECTRA on a GLUE / SQuAD / Rotten Tomatoes task or on local files.
 
   # From our pretraining output (its vocab.txt is used):
   electra-finetune --task=rotten_tomatoes --init_checkpoint=<pretrain model_dir>/discriminator \
@@ -25,8 +25,9 @@ seeds and the fine-tuned model to `--model_dir/best/` (with several seeds, each 
 
 import os
 
-
 from absl import app, flags, logging
+
+from electra_tf import cli
 
 _TASK = flags.DEFINE_string(
     "task", None, "cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, squad1.1, squad2.0, "
@@ -131,7 +132,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Write TF Serving's models.config for one or more models.
+r"""Write TF Serving's models.config for one or more models.
 
     python -m tools.generate_models_config --model=electra:/models/electra \
         --model=electra_v1:/models/electra:1 --output=models.config
@@ -10,6 +10,7 @@ the server sees it (e.g. inside the container).
 
 from absl import app, flags
 
+from electra_tf import cli
 from serving.model_config import ModelConfig, ModelConfigError, models_config_text
 
 FLAGS = flags.FLAGS
@@ -48,7 +49,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ import time
 import numpy as np
 from absl import app, flags
 
+from electra_tf import cli
+
 _SERVER = flags.DEFINE_string("server", None, "host:port of a running REST server (default: start one per mode).")
 _MODEL_NAME = flags.DEFINE_string("model_name", "electra_small", "Served model name.")
 _MODEL_BASE_PATH = flags.DEFINE_string("model_base_path", None, "BASE/NAME of an export with string inputs "
@@ -256,7 +258,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ from typing import Callable
 
 from absl import app, flags
 
+from electra_tf import cli
+
 SPECIAL_IDS = dict(pad_token_id=0, cls_token_id=2, sep_token_id=3, mask_token_id=4)
 FIRST_WORD_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
 NUM_BATCHES = 4
@@ -238,10 +240,10 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
 
-    import electra_tf
     import keras
     import tensorflow as tf
 
+    import electra_tf
     from electra_tf.config import ElectraConfig
 
     try:
@@ -279,7 +281,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

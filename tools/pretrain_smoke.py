@@ -14,6 +14,8 @@ import time
 
 from absl import app, flags, logging
 
+from electra_tf import cli
+
 _WORKDIR = flags.DEFINE_string("workdir", "runs/smoke", "Where the corpus, vocab and shards go.")
 _DOCS = flags.DEFINE_integer("num_documents", 2000, "IMDB reviews to use.")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocab size to learn.")
@@ -88,7 +90,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags
 
-from electra_tf import replication
+from electra_tf import cli, replication
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/replication", "Output folder.")
 _VARIANTS = flags.DEFINE_list("variants", list(replication.VARIANTS), "Objectives to compare.")
@@ -68,7 +68,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

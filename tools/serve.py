@@ -16,14 +16,14 @@ import threading
 
 from absl import app, flags, logging
 
+from electra_tf import cli
 from serving import model_config
 from serving.batching import BatchingParameters, read_batching_parameters
-from serving.server import (
+from serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
     DEFAULT_REST_MAX_CONNECTIONS,
-    ModelServer,
 )
 
 FLAGS = flags.FLAGS
@@ -61,6 +61,8 @@ def main(argv):
             raise app.UsageError(f"--batching_parameters_file: {e}")
     elif FLAGS.batching_parameters_file:
         logging.warning("--batching_parameters_file is ignored without --enable_batching")
+    from serving.server import ModelServer  # TensorFlow: after the flags
+
     server = ModelServer(
         FLAGS.model_base_path,
         FLAGS.model_name,
@@ -94,7 +96,7 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":
