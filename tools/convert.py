@@ -1,7 +1,7 @@
 r"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face and electra_tf.
 
   electra-convert --input=electra_small --output=/tmp/small_hf --output_format=hf \
-      [--input_format=auto] [--kind=discriminator] [--config=electra_small] [--allow_unknown]
+      [--input_format=auto] [--kind=auto] [--config=electra_small] [--allow_unknown]
 
 --input is a TF1 checkpoint prefix or released archive folder, a Hugging Face folder
 (config.json + model.safetensors / pytorch_model.bin), a folder written by electra_tf, or a
@@ -27,7 +27,10 @@ _OUTPUT_FORMAT = flags.DEFINE_enum("output_format", "electra_tf", list(pretraine
                                    "Format to write.")
 _CONFIG = flags.DEFINE_string("config", None, "Pretraining config name or path (default: from "
                               "the checkpoint).")
-_KIND = flags.DEFINE_enum("kind", "discriminator", list(pretrained.KINDS), "What to convert.")
+_KIND = flags.DEFINE_enum(
+    "kind", "auto", ["auto", *pretrained.KINDS], "What to convert: auto takes both networks "
+    "(the pretrainer) when the input has a generator, else the discriminator; the HF export of "
+    "a pretrainer is a discriminator/ and a generator/ folder.")
 _ALLOW_UNKNOWN = flags.DEFINE_bool("allow_unknown", False,
                                    "Skip checkpoint tensors nothing accounts for instead of failing.")
 

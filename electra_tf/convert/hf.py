@@ -265,6 +265,9 @@ def load_hf_model(path, kind: str = "discriminator", config=None, **load_kwargs)
 
     folder = Path(path)
     config = _resolve_config(config)
+    if (kind in ("discriminator", "generator") and not (folder / "config.json").exists()
+            and (folder / kind / "config.json").exists()):
+        folder = folder / kind  # a pretrainer's pair of folders: take the network asked for
     if kind == "pretrainer":
         return _load_hf_pretrainer(folder, config, **load_kwargs)
     if kind not in ("discriminator", "generator"):

@@ -224,10 +224,32 @@ def save(model, output, output_format: str, *, vocab_file=None,
     raise ValueError(f"output_format must be one of {FORMATS}, got {output_format!r}")
 
 
+def holds_generator(path, input_format: str = "auto") -> bool:
+    """Whether the checkpoint at `path` has a generator besides the discriminator."""
+    fmt = detect_format(path) if input_format == "auto" else input_format
+    p = Path(path)
+    if fmt == "electra_tf":
+        return "generator" in read_json(p / MARKER).get("objects", [])
+    if fmt == "hf":
+        return all((p / sub / "config.json").exists() for sub in ("discriminator", "generator"))
+    if fmt == "tf1":
+        from electra_tf.convert.common import part_of
+
+        prefix, _ = tf1.resolve_checkpoint(path)
+        return any(part_of(name) == "generator" for name in tf1.read_shapes(prefix))
+    return False
+
+
 def convert(input_path, output_path, *, input_format: str = "auto",
-            output_format: str = "electra_tf", kind: str = "discriminator", config=None,
+            output_format: str = "electra_tf", kind: str = "auto", config=None,
             **load_kwargs) -> tuple[ConversionReport, ConversionReport]:
-    """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports."""
+    """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports.
+
+    kind "auto" converts everything the input holds: the pretrainer (generator and
+    discriminator) when it has a generator, else the discriminator.
+    """
+    if kind == "auto":
+        kind = "pretrainer" if holds_generator(input_path, input_format) else "discriminator"
     loaded = load_pretrained(input_path, kind, config, input_format=input_format, **load_kwargs)
     export_report = save(loaded.model, output_path, output_format, vocab_file=loaded.vocab_path,
                          config=loaded.config)

@@ -174,8 +174,11 @@ def test_tokenizer_config_carries_the_casing(tmp_path, tiny_ckpt):
     convert(run / "discriminator", tmp_path / "converted", output_format="hf")
     assert json.loads((tmp_path / "converted" / "tokenizer_config.json").read_text())["do_lower_case"] is False
     # The released (uncased) TF1 layout, with nothing recorded: uncased, as the released models.
+    # (it holds a generator too, so both networks are converted: one HF folder each)
     convert(tiny_ckpt, tmp_path / "released", output_format="hf")
-    assert json.loads((tmp_path / "released" / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    for part in ("discriminator", "generator"):
+        written = json.loads((tmp_path / "released" / part / "tokenizer_config.json").read_text())
+        assert written["do_lower_case"] is True
 
 
 def test_transformers_tokenizer_reads_the_exported_casing(tmp_path, tiny_ckpt):

@@ -93,6 +93,24 @@ def test_convert_binary_tf1_to_hf_to_electra_tf(tmp_path, tiny_ckpt):
     assert vocab is not None and config.vocab_size == 112
 
 
+def test_convert_takes_every_network_the_input_has(tmp_path, tiny_ckpt):
+    # No --kind: the release holds a generator, so nothing of it is dropped (README, issue #15).
+    out = run_convert(f"--input={tiny_ckpt}", f"--output={tmp_path / 'hf'}", "--output_format=hf")
+    assert "mapped (82)" in out.split("== export ==")[0]
+    export = out.split("== export ==")[1]
+    assert "generator/" in export and "discriminator/" in export
+    assert (tmp_path / "hf" / "generator" / "model.safetensors").exists()
+    # The pair of HF folders reads back as either network from the parent folder.
+    disc, _, _ = from_pretrained(tmp_path / "hf", "discriminator")
+    gen, _, _ = from_pretrained(tmp_path / "hf", "generator")
+    assert_same_weights(load_pretrained(tiny_ckpt, "discriminator").model, disc)
+    assert_same_weights(load_pretrained(tiny_ckpt, "generator").model, gen)
+    # A discriminator alone converts to a discriminator alone.
+    out = run_convert(f"--input={tmp_path / 'hf' / 'discriminator'}", f"--output={tmp_path / 'd'}",
+                      "--output_format=hf")
+    assert (tmp_path / "d" / "model.safetensors").exists() and not (tmp_path / "d" / "generator").exists()
+
+
 # --- damaged files and file modes -----------------------------------------------------------------
 @pytest.fixture(scope="module")
 def written(tmp_path_factory, tiny_ckpt):
