@@ -2,21 +2,28 @@
 
 Every head takes the feature dict of `electra_tf.finetune.features` (`input_ids`, `input_mask`,
 `segment_ids`, plus the task's labels when training) and returns a dict of float32 logits.
-`per_example_loss(features, outputs)` gives the original's per-example loss [batch] and
-`compute_loss(features, outputs)` its mean, both in float32 (reference "Fine-tuning"):
+`per_example_loss(features, outputs)` gives the original's per-example loss [batch], float32
+(reference "Fine-tuning"); our loop (`finetune.trainer`) minimises its sum over the global batch
+divided by the global batch size, and Keras' `compute_loss` hook returns that same number, so a
+head also trains with `model.fit` (see `FinetuningHead`):
 
 - `SentenceClassifier`: dropout 0.1 on the final [CLS] state -> dense(num_labels), softmax CE.
 - `SentenceRegressor`: dropout 0.1 on [CLS] -> dense(1), squared error (STS-B).
 - `TokenTagger`: dense(num_labels) over every token; the loss is summed over the first WordPiece
   of each word (`label_weights`), per sentence, as the original's tagging task.
 - `SpanQuestionAnswerer`: the XLNet-style joint span predictor with the answerability classifier.
+- `MultipleChoiceClassifier`: each `[CLS] context [SEP] choice [SEP]` scored by dropout 0.1 on
+  its [CLS] state -> dense(1); softmax CE over the choices.
+
+Each head belongs to one task family (`families/`; its `family` attribute), which builds it with
+the task's options; `head_config.json` records both.
 
 Layer names. The encoder's variables live under `discriminator/{embeddings,encoder/layer_i}/...`
 and every head layer under `task_specific/<layer>/...` (`classifier`, `regressor`, `tagger`,
-`qa_start`, `qa_hidden`, `qa_logits`, `answer_class_hidden`, `answer_class`), the TF1 code's
-`task_specific/<task>/...` minus the task name, which Keras names cannot nest. Layer-wise
-learning-rate decay (`training.optimizer.layer_depth`) reads these paths: head layers must never
-carry an (auto-generated) `layer_N` name, or they would be decayed as encoder layers.
+`qa_start`, `qa_hidden`, `qa_logits`, `answer_class_hidden`, `answer_class`, `choice_scorer`),
+the TF1 code's `task_specific/<task>/...` minus the task name, which Keras names cannot nest.
+Layer-wise learning-rate decay (`training.optimizer.layer_depth`) reads these paths: head layers
+must never carry an (auto-generated) `layer_N` name, or they would be decayed as encoder layers.
 
 Example:
 >>> config = ElectraConfig.from_json("electra_tiny")
@@ -29,35 +36,52 @@ Example:
 from __future__ import annotations
 
 import keras
+import tensorflow as tf
 from keras import ops
 
-from electra_tf.config import ElectraConfig
+from electra_tf.finetune.features import INPUT_KEYS
 from electra_tf.models.discriminator import Discriminator
-from electra_tf.models.encoder import activation, electra_kernel_initializer
+from electra_tf.models.encoder import (
+    activation, as_electra_config, electra_kernel_initializer, register)
 
 HEAD_NAME = "task_specific"
 # Masked logits get -1000 added, as the original (a large finite value keeps softmax finite).
 _MASK_PENALTY = 1000.0
 
 
-def _config(config) -> ElectraConfig:
-    return config if isinstance(config, ElectraConfig) else ElectraConfig.from_dict(config)
+def _num_replicas():
+    """Replicas summing their gradients (1 outside a replica context, as the loop's batch math)."""
+    ctx = tf.distribute.get_replica_context()
+    return 1 if ctx is None else ctx.num_replicas_in_sync
 
 
 class FinetuningHead(keras.Model):
-    """Base class: owns the encoder, serialises the common arguments.
+    """Base class: owns the encoder, the loss and metric hooks of `model.fit`, the config.
 
     Args:
       config: the encoder's `ElectraConfig` (or its dict).
       task_name: the task this head was built for (recorded in the config).
       name: model name; keep the default so variable paths stay `task_specific/...`.
+
+    Keras-native use. A `tf.data` dataset for `fit` / `evaluate` yields `(inputs, labels)`, two
+    dicts (`split_labels` makes them from the arrays of `electra_tf.finetune.features`), or whole
+    feature dicts, whose label keys are then read as the labels. `compute_loss` is the loop's
+    loss; compiled metrics see `metric_inputs` (targets, the output they score, a token mask):
+
+        x, y = head.split_labels(arrays)
+        head.compile(optimizer=keras.optimizers.Adam(1e-4),
+                     metrics=[keras.metrics.SparseCategoricalAccuracy()])
+        head.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=3)
+        head.save("head.keras")  # keras.saving.load_model after `import electra_tf.models`
     """
 
-    kind = None  # "classification", "regression", "tagging" or "qa"
+    family = None  # the task family (`families/`) whose head this is: "classification", ...
+    input_keys = INPUT_KEYS  # the features `call` reads
+    label_keys = ()  # the features `per_example_loss` reads besides the outputs
 
     def __init__(self, config, task_name: str | None = None, name: str = HEAD_NAME, **kwargs):
         super().__init__(name=name, **kwargs)
-        self.config = _config(config)
+        self.config = as_electra_config(config)
         self.task_name = task_name
         # --- encoder ---
         self.encoder = Discriminator(self.config, rtd_head=False, dtype=self.dtype_policy)
@@ -68,24 +92,73 @@ class FinetuningHead(keras.Model):
                                   name=name, dtype=self.dtype_policy)
 
     def encode(self, features, training=None):
-        inputs = {k: features[k] for k in ("input_ids", "input_mask", "segment_ids") if k in features}
+        inputs = {k: features[k] for k in INPUT_KEYS if k in features}
         return self.encoder(inputs, training=training)
 
-    def compute_loss(self, features, outputs):  # noqa: D401 (Keras has another signature)
-        """Mean of `per_example_loss`, float32 scalar."""
-        return ops.mean(self.per_example_loss(features, outputs))
-
     def per_example_loss(self, features, outputs):
+        """The original's loss of each example, float32 [batch]; labels are read from `features`."""
         raise NotImplementedError
 
+    def metric_inputs(self, features, outputs):
+        """(targets, the output they score, token mask or None) for compiled metrics."""
+        raise NotImplementedError
+
+    # --- Keras' hooks (`fit`, `evaluate`) -------------------------------------------------------
+    def split_labels(self, features):
+        """features -> (inputs, labels): the model's inputs and the label features, two dicts."""
+        inputs = {k: features[k] for k in self.input_keys if k in features}
+        return inputs, {k: features[k] for k in self.label_keys if k in features}
+
+    def _with_labels(self, x, y):
+        """The feature dict `per_example_loss` reads: `x`, with `y`'s labels when given."""
+        if y is None:
+            return x
+        if not isinstance(y, dict):
+            if len(self.label_keys) != 1:
+                raise ValueError(f"{type(self).__name__}: labels must be a dict with keys "
+                                 f"{self.label_keys}, got {type(y).__name__}")
+            y = {self.label_keys[0]: y}
+        return {**x, **y}
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' loss hook: the fine-tuning loop's loss (float32 scalar) for this batch.
+
+        `per_example_loss` summed and divided by the global batch (this batch times the
+        replicas), as `trainer.step_fn`: the replicas' gradients add up to the gradient of the
+        global-batch mean. `sample_weight` [batch] scales each example's loss; the sum is still
+        divided by the batch size (Keras' "sum_over_batch_size"), not by the weights' sum.
+        """
+        del training  # dropout acts in the forward pass; the loss formula is the same
+        if y_pred is None:
+            raise ValueError(f"{type(self).__name__}.compute_loss needs the outputs: "
+                             "compute_loss(features, y_pred=head(features))")
+        losses = self.per_example_loss(self._with_labels(x, y), y_pred)  # [batch]
+        if sample_weight is not None:
+            losses = losses * ops.reshape(ops.cast(sample_weight, losses.dtype), ops.shape(losses))
+        global_batch = ops.cast(ops.shape(losses)[0] * _num_replicas(), losses.dtype)
+        return ops.sum(losses) / global_batch
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        """Keras' metric hook: compiled metrics score `metric_inputs`, only the tokens of its
+        mask when there is one (the tagger's labelled first pieces, flattened); `sample_weight`
+        reaches the `weighted_metrics`, as in Keras."""
+        target, prediction, mask = self.metric_inputs(self._with_labels(x, y), y_pred)
+        if sample_weight is not None:
+            sample_weight = tf.reshape(tf.cast(sample_weight, tf.float32), [-1])  # [batch]
+        if mask is not None:  # [batch, seq] -> [labelled tokens]
+            keep = tf.cast(mask, tf.bool)
+            target, prediction = tf.boolean_mask(target, keep), tf.boolean_mask(prediction, keep)
+            if sample_weight is not None:
+                per_token = tf.broadcast_to(sample_weight[:, None], tf.shape(keep))
+                sample_weight = tf.boolean_mask(per_token, keep)
+        return super().compute_metrics(x, target, prediction, sample_weight=sample_weight)
+
     def get_config(self):
-        return {"config": self.config.to_dict(), "task_name": self.task_name, "name": self.name}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(**config)
+        return {**super().get_config(), "config": self.config.to_dict(),
+                "task_name": self.task_name}
 
 
+@register
 class SentenceClassifier(FinetuningHead):
     """Dropout on the [CLS] state, then dense(num_labels); softmax cross-entropy.
 
@@ -96,9 +169,11 @@ class SentenceClassifier(FinetuningHead):
       task_name: recorded in the config.
 
     Returns {"logits": [batch, num_labels]}; labels are `features["label"]` (int class ids).
+    Compiled metrics score `logits` against `label` (e.g. `SparseCategoricalAccuracy`).
     """
 
-    kind = "classification"
+    family = "classification"
+    label_keys = ("label",)
 
     def __init__(self, config, num_labels: int, dropout: float = 0.1, task_name=None, **kwargs):
         super().__init__(config, task_name, **kwargs)
@@ -126,6 +201,9 @@ class SentenceClassifier(FinetuningHead):
         log_probs = ops.log_softmax(outputs["logits"], axis=-1)
         return -ops.sum(ops.one_hot(labels, self.num_labels) * log_probs, axis=-1)
 
+    def metric_inputs(self, features, outputs):
+        return features["label"], outputs["logits"], None
+
     @staticmethod
     def predictions(outputs):
         return ops.argmax(outputs["logits"], axis=-1)
@@ -134,13 +212,16 @@ class SentenceClassifier(FinetuningHead):
         return {**super().get_config(), "num_labels": self.num_labels, "dropout": self.dropout_rate}
 
 
+@register
 class SentenceRegressor(FinetuningHead):
     """Dropout on the [CLS] state, then dense(1); squared error (STS-B).
 
-    Returns {"predictions": [batch]}; targets are `features["label"]` (float).
+    Returns {"predictions": [batch]}; targets are `features["label"]` (float). Compiled
+    metrics score `predictions` against `label` (e.g. `MeanSquaredError`).
     """
 
-    kind = "regression"
+    family = "regression"
+    label_keys = ("label",)
 
     def __init__(self, config, dropout: float = 0.1, task_name=None, **kwargs):
         super().__init__(config, task_name, **kwargs)
@@ -161,6 +242,9 @@ class SentenceRegressor(FinetuningHead):
     def per_example_loss(self, features, outputs):
         return ops.square(outputs["predictions"] - ops.cast(features["label"], "float32"))
 
+    def metric_inputs(self, features, outputs):
+        return ops.cast(features["label"], "float32"), outputs["predictions"], None
+
     @staticmethod
     def predictions(outputs):
         return outputs["predictions"]
@@ -169,6 +253,7 @@ class SentenceRegressor(FinetuningHead):
         return {**super().get_config(), "dropout": self.dropout_rate}
 
 
+@register
 class TokenTagger(FinetuningHead):
     """dense(num_labels) over every token's final state (no dropout, as the original).
 
@@ -176,10 +261,12 @@ class TokenTagger(FinetuningHead):
     with `label_weights` 1 there and 0 elsewhere. A sentence's loss is the sum of its words'
     cross-entropies (the original's `reduce_sum` over the sequence).
 
-    Returns {"logits": [batch, seq, num_labels]}.
+    Returns {"logits": [batch, seq, num_labels]}. Compiled metrics score `logits` against
+    `label_ids` on the first pieces only (where `label_weights` is 1).
     """
 
-    kind = "tagging"
+    family = "tagging"
+    label_keys = ("label_ids", "label_weights")
 
     def __init__(self, config, num_labels: int, task_name=None, **kwargs):
         super().__init__(config, task_name, **kwargs)
@@ -203,6 +290,9 @@ class TokenTagger(FinetuningHead):
         token_loss = -ops.sum(ops.one_hot(labels, self.num_labels) * log_probs, axis=-1)
         return ops.sum(token_loss * ops.cast(features["label_weights"], "float32"), axis=-1)
 
+    def metric_inputs(self, features, outputs):
+        return features["label_ids"], outputs["logits"], features["label_weights"]
+
     @staticmethod
     def predictions(outputs):
         return ops.argmax(outputs["logits"], axis=-1)  # [batch, seq]
@@ -225,6 +315,7 @@ def answer_mask(input_mask, segment_ids):
     return ops.minimum(context + ops.one_hot(ops.zeros_like(context[:, 0], "int32"), seq_length), 1.0)
 
 
+@register
 class SpanQuestionAnswerer(FinetuningHead):
     """ELECTRA's (XLNet-style) SQuAD head: start logits, start-conditioned end logits and an
     answerability classifier.
@@ -242,6 +333,11 @@ class SpanQuestionAnswerer(FinetuningHead):
 
     Loss per window: (CE(start) + CE(end)) / 2 + answerable_weight * sigmoid CE(is_impossible).
 
+    Under `fit`, `start_positions` is an input as well as a label (`split_labels` puts it in
+    both): the end logits are conditioned on the gold start. Compiled metrics score
+    `start_logits` against `start_positions`, a training signal only; SQuAD's exact match and F1
+    need the span search over the text (`trainer.evaluate`).
+
     Args:
       config: encoder config.
       beam_size: K, the number of starts (and, in `postprocess_qa`, ends) searched (20).
@@ -250,7 +346,9 @@ class SpanQuestionAnswerer(FinetuningHead):
       hidden_size: width of the two hidden layers (512).
     """
 
-    kind = "qa"
+    family = "qa"
+    input_keys = (*INPUT_KEYS, "start_positions")
+    label_keys = ("start_positions", "end_positions", "is_impossible")
 
     def __init__(self, config, beam_size: int = 20, answerable_classifier: bool = True,
                  answerable_weight: float = 0.5, hidden_size: int = 512, task_name=None, **kwargs):
@@ -335,26 +433,68 @@ class SpanQuestionAnswerer(FinetuningHead):
                 labels, outputs["answerable_logits"], from_logits=True)
         return loss
 
+    def metric_inputs(self, features, outputs):
+        return features["start_positions"], outputs["start_logits"], None
+
     def get_config(self):
         return {**super().get_config(), "beam_size": self.beam_size,
                 "answerable_classifier": self.answerable_classifier,
                 "answerable_weight": self.answerable_weight, "hidden_size": self.hidden_size}
 
 
-HEADS = {
-    "classification": SentenceClassifier,
-    "regression": SentenceRegressor,
-    "tagging": TokenTagger,
-    "qa": SpanQuestionAnswerer,
-}
 
+@register
+class MultipleChoiceClassifier(FinetuningHead):
+    """Scores every choice of an example and picks one: SWAG / COPA-style multiple choice.
 
-def build_head(kind: str, config, num_labels: int | None = None, task_name: str | None = None, **kwargs):
-    """The head for a task kind ("classification", "regression", "tagging", "qa")."""
-    if kind not in HEADS:
-        raise ValueError(f"unknown head kind {kind!r}; expected one of {sorted(HEADS)}")
-    if kind in ("classification", "tagging"):
-        if not num_labels:
-            raise ValueError(f"a {kind} head needs num_labels (the task's label set is empty)")
-        kwargs["num_labels"] = num_labels
-    return HEADS[kind](config, task_name=task_name, **kwargs)
+    Each choice is its own input `[CLS] context [SEP] choice [SEP]`
+    (`families.multiple_choice`): features are [batch, choices, seq]. The encoder reads the
+    choices as one batch; dropout on each [CLS] state, then dense(1) (`choice_scorer`) gives the
+    choice's logit; a choice with no token (`input_mask` all 0: a padding choice of an example
+    with fewer choices) gets -1000. Loss: softmax cross-entropy over the choices, labels
+    `features["label"]` (the index of the right choice).
+
+    Args:
+      config: encoder config.
+      dropout: dropout rate on the [CLS] states (0.1).
+      task_name: recorded in the config.
+
+    Returns {"logits": [batch, choices]}. Compiled metrics score `logits` against `label`
+    (e.g. `SparseCategoricalAccuracy`).
+    """
+
+    family = "multiple_choice"
+    label_keys = ("label",)
+
+    def __init__(self, config, dropout: float = 0.1, task_name=None, **kwargs):
+        super().__init__(config, task_name, **kwargs)
+        self.dropout_rate = float(dropout)
+        # --- layers ---
+        self.dropout = keras.layers.Dropout(dropout, dtype=self.dtype_policy)
+        self.choice_scorer = self._dense(1, "choice_scorer")
+        self.build()
+
+    def build(self, input_shape=None):
+        self.choice_scorer.build((None, self.config.hidden_size))
+        self.built = True
+
+    def call(self, features, training=None):
+        # --- forward graph ---
+        shape = ops.shape(features["input_ids"])  # [batch, choices, seq]
+        flat = {k: ops.reshape(features[k], (-1, shape[2])) for k in INPUT_KEYS}
+        cls = self.encode(flat, training)["cls_output"]  # [batch * choices, H]
+        scores = ops.squeeze(self.choice_scorer(self.dropout(cls, training=training)), -1)
+        logits = ops.reshape(ops.cast(scores, "float32"), (shape[0], shape[1]))
+        present = ops.cast(ops.max(features["input_mask"], axis=-1) > 0, "float32")  # [batch, choices]
+        return {"logits": logits + _MASK_PENALTY * (present - 1.0)}
+
+    def per_example_loss(self, features, outputs):
+        labels = ops.cast(features["label"], "int32")
+        log_probs = ops.log_softmax(outputs["logits"], axis=-1)
+        return -ops.sum(ops.one_hot(labels, ops.shape(log_probs)[-1]) * log_probs, axis=-1)
+
+    def metric_inputs(self, features, outputs):
+        return features["label"], outputs["logits"], None
+
+    def get_config(self):
+        return {**super().get_config(), "dropout": self.dropout_rate}

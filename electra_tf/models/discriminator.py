@@ -5,37 +5,45 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from electra_tf.models.encoder import ElectraBackbone, activation, electra_kernel_initializer
+from electra_tf.models.encoder import (
+    ElectraBackbone, activation, as_electra_config, electra_kernel_initializer, register)
 from electra_tf.models.generator import MaskedLMHead
 
 
+@register
 class ReplacedTokenDetectionHead(keras.layers.Layer):
     """dense(H, GELU) -> dense(1): one logit per token, > 0 meaning "replaced".
 
     Weight names follow `discriminator_predictions/{dense, dense_1}` of the released checkpoints.
+
+    Args:
+      config: an `ElectraConfig` (or its dict).
     """
 
     def __init__(self, config, **kwargs):
         kwargs.setdefault("name", "discriminator_predictions")
         super().__init__(**kwargs)
-        c = config
+        self.config = c = as_electra_config(config)
         init = electra_kernel_initializer(c)
         self.dense = keras.layers.Dense(
             c.hidden_size, activation=activation(c.hidden_act), kernel_initializer=init,
             name="dense", dtype=self.dtype_policy)
         self.dense_1 = keras.layers.Dense(1, kernel_initializer=init, name="dense_1",
                                           dtype=self.dtype_policy)
-        self.hidden_size = c.hidden_size
 
     def build(self, input_shape=None):
-        self.dense.build((None, None, self.hidden_size))
-        self.dense_1.build((None, None, self.hidden_size))
+        self.dense.build((None, None, self.config.hidden_size))
+        self.dense_1.build((None, None, self.config.hidden_size))
 
     def call(self, sequence_output):
         logits = self.dense_1(self.dense(sequence_output))
         return ops.cast(ops.squeeze(logits, -1), "float32")  # [batch, seq]
 
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
 
+
+@register
 class Discriminator(ElectraBackbone):
     """The ELECTRA encoder with its replaced-token-detection head.
 
@@ -55,6 +63,7 @@ class Discriminator(ElectraBackbone):
     >>> out = disc(dummy_inputs(2, 8))
     >>> out["rtd_logits"].shape, out["cls_output"].shape
     ((2, 8), (2, 64))
+    >>> disc.save("disc.keras")  # keras.saving.load_model("disc.keras"): the same outputs
     """
 
     def __init__(self, config, embeddings=None, rtd_head=True, mlm_head=False, **kwargs):

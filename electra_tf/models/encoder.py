@@ -23,11 +23,30 @@ def electra_kernel_initializer(config: ElectraConfig):
     return keras.initializers.TruncatedNormal(stddev=config.initializer_range)
 
 
+# Every layer, model and activation below is registered under this package name, so that
+# `keras.saving.load_model("x.keras")` finds them once `electra_tf.models` is imported.
+register = keras.saving.register_keras_serializable(package="electra_tf")
+
+
+@register
+def gelu(x):
+    """The exact erf GELU of the original code (`hidden_act: "gelu"`)."""
+    return keras.activations.gelu(x, approximate=False)
+
+
+@register
+def gelu_approximate(x):
+    """The tanh approximation some ports use (`hidden_act: "gelu_approximate"`)."""
+    return keras.activations.gelu(x, approximate=True)
+
+
 def activation(name: str):
+    """The activation function for `ElectraConfig.hidden_act`: named functions, no lambdas, so
+    the Dense layers' configs serialise (and load without `safe_mode=False`)."""
     if name == "gelu":
-        return lambda x: keras.activations.gelu(x, approximate=False)
+        return gelu
     if name == "gelu_approximate":
-        return lambda x: keras.activations.gelu(x, approximate=True)
+        return gelu_approximate
     return keras.activations.get(name)
 
 
@@ -55,7 +74,7 @@ def dropout(x, rate: float, seed_generator: keras.random.SeedGenerator):
     return tf.where(keep, x * scale, tf.zeros([], x.dtype))
 
 
-@keras.saving.register_keras_serializable(package="electra_tf")
+@register
 class Dropout(keras.layers.Dropout):
     """`keras.layers.Dropout` (same arguments, same seed-generator state) with `dropout` above."""
 
@@ -65,10 +84,13 @@ class Dropout(keras.layers.Dropout):
         return dropout(inputs, self.rate, self.seed_generator)
 
 
-def _as_config(config) -> ElectraConfig:
+def as_electra_config(config) -> ElectraConfig:
+    """`config` itself, or the `ElectraConfig` of its dict: the form `get_config()` stores, so
+    every `from_config` (Keras' default `cls(**config)`) rebuilds the config validated."""
     return config if isinstance(config, ElectraConfig) else ElectraConfig.from_dict(config)
 
 
+@register
 class Embeddings(keras.layers.Layer):
     """Word + position + token-type embeddings, then LayerNorm and dropout, all of width E.
 
@@ -86,7 +108,7 @@ class Embeddings(keras.layers.Layer):
     def __init__(self, config, **kwargs):
         kwargs.setdefault("name", "embeddings")
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         c = self.config
         # --- layers ---
         self.layer_norm = keras.layers.LayerNormalization(
@@ -120,7 +142,7 @@ class Embeddings(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
-@keras.saving.register_keras_serializable(package="electra_tf")
+@register
 class SelfAttention(keras.layers.MultiHeadAttention):
     """BERT self-attention with `keras.layers.MultiHeadAttention`'s weights, computed with matmuls.
 
@@ -133,7 +155,9 @@ class SelfAttention(keras.layers.MultiHeadAttention):
     added to their scores, as the original `modeling.py` (`attention_mask` adder).
 
     Called as `layer(x, attention_mask, training=...)` with x [batch, seq, H] and attention_mask
-    [batch, seq] (1 for real tokens). Build it with `build(shape, shape)` like the Keras layer.
+    [batch, seq] (1 for real tokens), or [batch, seq (query), seq (key)] (1 where the query may
+    attend: the original's 3-D mask, used by Electric's one-directional towers). Build it with
+    `build(shape, shape)` like the Keras layer.
 
     Example:
     >>> att = SelfAttention(num_heads=2, key_dim=32)
@@ -163,8 +187,10 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         query, key, value = tf.unstack(qkv)
         scores = tf.reshape(tf.matmul(query, key, transpose_b=True),
                             (batch, heads, seq, seq))  # [batch, heads, seq (query), seq (key)]
-        adder = (1.0 - tf.cast(attention_mask, scores.dtype)) * -10000.0  # [batch, seq]
-        probs = tf.nn.softmax(scores + adder[:, None, None, :])
+        adder = (1.0 - tf.cast(attention_mask, scores.dtype)) * -10000.0  # [batch, (seq,) seq]
+        # A [batch, seq, seq] mask gives each query its own keys (Electric's causal towers).
+        adder = adder[:, None, :, :] if adder.shape.rank == 3 else adder[:, None, None, :]
+        probs = tf.nn.softmax(scores + adder)
         if training and self._dropout > 0:  # the Keras layer's seed generator, our draw
             probs = dropout(probs, self._dropout, self._dropout_layer.seed_generator)
         context = tf.matmul(tf.reshape(probs, (batch * heads, seq, seq)), value)
@@ -175,6 +201,7 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         return tf.reshape(out, (batch, seq, -1))  # [batch, seq, H]
 
 
+@register
 class TransformerLayer(keras.layers.Layer):
     """One post-LayerNorm BERT layer: self-attention and FFN, each followed by add & LayerNorm.
 
@@ -189,7 +216,7 @@ class TransformerLayer(keras.layers.Layer):
 
     def __init__(self, config, **kwargs):
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         c = self.config
         init = electra_kernel_initializer(c)
         policy = self.dtype_policy
@@ -230,6 +257,7 @@ class TransformerLayer(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+@register
 class Encoder(keras.layers.Layer):
     """A stack of `config.num_layers` `TransformerLayer`s named `layer_0`, `layer_1`, ...
 
@@ -240,7 +268,7 @@ class Encoder(keras.layers.Layer):
     def __init__(self, config, **kwargs):
         kwargs.setdefault("name", "encoder")
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         self.layers = [
             TransformerLayer(self.config, name=f"layer_{i}", dtype=self.dtype_policy)
             for i in range(self.config.num_layers)
@@ -263,13 +291,14 @@ class Encoder(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+@register
 class EmbeddingProjection(keras.layers.Layer):
     """Dense E -> H without activation (`embeddings_project`), present only when E != H."""
 
     def __init__(self, config, **kwargs):
         kwargs.setdefault("name", "embeddings_project")
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         self.dense = keras.layers.Dense(
             self.config.hidden_size, kernel_initializer=electra_kernel_initializer(self.config),
             name="dense", dtype=self.dtype_policy)
@@ -284,6 +313,7 @@ class EmbeddingProjection(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+@register
 class ElectraBackbone(keras.Model):
     """Embeddings (possibly shared), optional E -> H projection and the transformer encoder.
 
@@ -294,11 +324,15 @@ class ElectraBackbone(keras.Model):
       config: an `ElectraConfig` (or its dict) with this model's sizes.
       embeddings: an `Embeddings` layer to share; a new one is made when None.
       encoder, embeddings_project: layers to share (used by "all" weight tying).
+
+    `get_config()` holds the config, not the shared layers: a model saved on its own
+    (`model.save("x.keras")`) comes back with its own copies holding the saved values. Sharing
+    is the pretrainer's to restore, and `ElectraPretrainer` saves and loads as one model.
     """
 
     def __init__(self, config, embeddings=None, encoder=None, embeddings_project=None, **kwargs):
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         c = self.config
         # --- layers ---
         self.embeddings = embeddings or Embeddings(c, dtype=self.dtype_policy)
@@ -332,7 +366,7 @@ class ElectraBackbone(keras.Model):
         return self.encoder(x, inputs["input_mask"], training=training)
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "name": self.name}
+        return {**super().get_config(), "config": self.config.to_dict()}
 
 
 def dummy_inputs(batch_size: int = 1, seq_length: int = 8):

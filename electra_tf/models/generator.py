@@ -6,9 +6,11 @@ import keras
 from keras import ops
 
 from electra_tf.models.encoder import (
-    ElectraBackbone, activation, electra_kernel_initializer, _as_config)
+    ElectraBackbone, Embeddings, activation, as_electra_config, electra_kernel_initializer,
+    register)
 
 
+@register
 class MaskedLMHead(keras.layers.Layer):
     """dense(E, GELU) -> LayerNorm -> logits = h . word_embeddings^T + output_bias.
 
@@ -17,15 +19,16 @@ class MaskedLMHead(keras.layers.Layer):
 
     Args:
       config: an `ElectraConfig` (or its dict).
-      embeddings: the `Embeddings` layer whose `word_embeddings` table is the output matrix.
+      embeddings: the `Embeddings` layer whose `word_embeddings` table is the output matrix;
+        None makes the head its own (what `from_config` rebuilds for a head saved alone).
     """
 
-    def __init__(self, config, embeddings, **kwargs):
+    def __init__(self, config, embeddings=None, **kwargs):
         kwargs.setdefault("name", "generator_predictions")
         super().__init__(**kwargs)
-        self.config = _as_config(config)
+        self.config = as_electra_config(config)
         c = self.config
-        self.embeddings = embeddings
+        self.embeddings = embeddings or Embeddings(c, dtype=self.dtype_policy)
         # --- layers ---
         self.dense = keras.layers.Dense(
             c.embedding_size, activation=activation(c.hidden_act),
@@ -35,6 +38,8 @@ class MaskedLMHead(keras.layers.Layer):
 
     def build(self, input_shape=None):
         c = self.config
+        if not self.embeddings.built:
+            self.embeddings.build()
         self.dense.build((None, None, c.hidden_size))
         self.layer_norm.build((None, None, c.embedding_size))
         self.output_bias = self.add_weight(
@@ -47,12 +52,16 @@ class MaskedLMHead(keras.layers.Layer):
         logits = ops.matmul(h, ops.transpose(table)) + ops.cast(self.output_bias, h.dtype)
         return ops.cast(logits, "float32")  # [..., vocab]; losses are computed in float32
 
+    def get_config(self):
+        return {**super().get_config(), "config": self.config.to_dict()}
+
 
 def gather_positions(sequence, positions):
     """sequence [batch, seq, D], positions [batch, n] -> [batch, n, D]."""
     return ops.take_along_axis(sequence, positions[:, :, None], axis=1)
 
 
+@register
 class Generator(ElectraBackbone):
     """Encoder + masked-LM head. Call on a feature dict; returns `{"mlm_logits", "sequence_output"}`.
 

@@ -49,7 +49,7 @@ def test_first_adam_step_scales_by_layer(tiny_config, tokenizer, rt_balanced):
     optimizer = create_finetuning_optimizer(fc, n, total_steps=100)  # lr(step 0) = LR, no warmup
     features = F.featurize_sentences(rt_balanced[:16], tokenizer, 24)
     with tf.GradientTape() as tape:
-        loss = head.compute_loss(features, head(features, training=True))
+        loss = head.compute_loss(features, y_pred=head(features, training=True))
     variables = head.trainable_variables
     grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
     before = [v.numpy().copy() for v in variables]
