@@ -286,19 +286,19 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
 
     from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune import features, task_data
-    from electra_tf.finetune.trainer import load_finetuned
+    from electra_tf.finetune.saving import load_finetuned
 
-    head, info, vocab_file = load_finetuned(finetuned_dir)
-    tok = WordpieceTokenizer(vocab_file, lower_case=info.get("lower_case", True))
+    head, model, vocab_file = load_finetuned(finetuned_dir)
+    tok = WordpieceTokenizer(vocab_file, lower_case=model.lower_case)
     examples = [task_data.SentenceExample(eid=i, text=s, label=0)
                 for i, s in enumerate(sentences)]
-    arrays = features.featurize_sentences(examples, tok, info["max_seq_length"])
+    arrays = features.featurize_sentences(examples, tok, model.max_seq_length)
     logits = head({k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")},
                   training=False)["logits"]
     logits = np.asarray(logits, np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    names = info["label_names"]
+    names = model.label_names
     return [{"label": names[int(p.argmax())], "probabilities": p.tolist()} for p in probs]
 
 

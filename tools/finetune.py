@@ -31,10 +31,12 @@ from electra_tf import cli
 
 _TASK = flags.DEFINE_string(
     "task", None, "cola, sst-2, mrpc, sts-b, qqp, mnli, qnli, rte, wnli, squad1.1, squad2.0, "
-    "rotten_tomatoes, or a generic classification / regression / tagging / qa (local files).",
+    "rotten_tomatoes, or a task family's generic task on local files: classification, "
+    "regression, tagging, qa, multiple_choice.",
     required=True)
 _TRAIN_FILE = flags.DEFINE_string("train_file", None, "Local training file (.csv/.tsv/.jsonl, "
-                                  ".txt/.conll for tagging, SQuAD .json for QA).")
+                                  ".txt/.conll for tagging, SQuAD .json for QA, .jsonl for "
+                                  "multiple choice).")
 _EVAL_FILE = flags.DEFINE_string("eval_file", None, "Local evaluation file (same formats).")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", None, "Folder of the task's files: for a GLUE task its folder from the GLUE "
@@ -42,7 +44,8 @@ _DATA_DIR = flags.DEFINE_string(
     "dev_mismatched, both evaluated), test predictions written in the GLUE submission format; "
     "for other tasks train.<ext> and dev.<ext>. --train_file/--eval_file override its files.")
 _TEXT_COLUMN = flags.DEFINE_string("text_column", None, "Column / key of the (first) text.")
-_TEXT_PAIR_COLUMN = flags.DEFINE_string("text_pair_column", None, "Column / key of the second text.")
+_TEXT_PAIR_COLUMN = flags.DEFINE_string("text_pair_column", None, "Column / key of the second "
+                                        "text (multiple choice: of the list of choices).")
 _LABEL_COLUMN = flags.DEFINE_string("label_column", None, "Column / key of the label.")
 _LABELS = flags.DEFINE_list("labels", None, "Label set, in id order (default: the task's, or "
                             "inferred from --train_file).")

@@ -1,7 +1,8 @@
 """Examples -> fixed-length int32 model inputs, and span-QA predictions -> answer text.
 
 Every input is `[CLS] A [SEP] (B [SEP])` with `segment_ids` 0 for the first part and 1 for the
-second, `input_mask` 1 on real tokens, zero padding (ids, mask and segments) to `max_seq_length`.
+second, `input_mask` 1 on real tokens, zero padding (ids, mask and segments) to `max_seq_length`:
+the three arrays `INPUT_KEYS`, what every head reads.
 
 - Sentence tasks (`featurize_sentences`): pairs truncated longest-first as BERT/ELECTRA do;
   `label` int32 (class id) or float32 (regression).
@@ -27,6 +28,8 @@ from typing import Sequence
 import numpy as np
 
 from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample
+
+INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")  # the model inputs, int32 [N, max_seq_length]
 
 
 # ---------------------------------------------------------------------------------------
@@ -378,6 +381,28 @@ def _top_k(values: np.ndarray, k: int) -> np.ndarray:
     return order[:k]
 
 
+def _window_candidates(example: QAExample, window: QAWindow, start_logits, end_logits,
+                       n_best_size: int, max_answer_length: int, candidates: list) -> tuple:
+    """Adds the window's spans (top starts x top ends of each, valid ones) to `candidates`;
+    returns the start and end log-probabilities (end [L], or [K, L] for joint prediction)."""
+    allowed = window.token_to_word >= 0
+    allowed_or_cls = allowed.copy()
+    allowed_or_cls[0] = True
+    start_lp = _log_softmax(start_logits, allowed_or_cls)
+    end_lp = _log_softmax(end_logits, allowed_or_cls)  # [L] or [K, L]
+    for rank, start in enumerate(_top_k(start_lp, n_best_size)):
+        row = end_lp[rank] if end_lp.ndim == 2 else end_lp
+        if not (allowed[start] and window.token_is_max_context[start]):
+            continue
+        for end in _top_k(row, n_best_size):
+            if not allowed[end] or end < start or end - start + 1 > max_answer_length:
+                continue
+            text = example.context[window.token_char_start[start]:window.token_char_end[end]]
+            candidates.append(SpanCandidate(text, float(start_lp[start] + row[end]),
+                                            window.window_index, int(start), int(end)))
+    return start_lp, end_lp
+
+
 def postprocess_qa(examples: Sequence[QAExample], windows: Sequence[QAWindow], start_logits,
                    end_logits, answerable_logits=None, *, n_best_size: int = 20,
                    max_answer_length: int = 30, version_2: bool = False,
@@ -418,27 +443,12 @@ def postprocess_qa(examples: Sequence[QAExample], windows: Sequence[QAWindow], s
         candidates: list[SpanCandidate] = []
         null_scores = []
         for i in by_example.get(example_index, []):
-            window = windows[i]
-            allowed = window.token_to_word >= 0
-            allowed_or_cls = allowed.copy()
-            allowed_or_cls[0] = True
-            start_lp = _log_softmax(start_logits[i], allowed_or_cls)
-            end_lp = _log_softmax(end_logits[i], allowed_or_cls)  # [L] or [K, L]
+            start_lp, end_lp = _window_candidates(example, windows[i], start_logits[i], end_logits[i],
+                                                  n_best_size, max_answer_length, candidates)
             if version_2 and answerable_logits is not None:
                 null_scores.append(float(np.asarray(answerable_logits)[i]))
             elif version_2:
                 null_scores.append(float(start_lp[0] + end_lp[0]))
-            top_starts = _top_k(start_lp, n_best_size)
-            for rank, start in enumerate(top_starts):
-                row = end_lp[rank] if joint else end_lp
-                if not (allowed[start] and window.token_is_max_context[start]):
-                    continue
-                for end in _top_k(row, n_best_size):
-                    if not allowed[end] or end < start or end - start + 1 > max_answer_length:
-                        continue
-                    text = example.context[window.token_char_start[start]:window.token_char_end[end]]
-                    candidates.append(SpanCandidate(text, float(start_lp[start] + row[end]),
-                                                    window.window_index, int(start), int(end)))
         candidates.sort(key=lambda c: c.score, reverse=True)
         nbest, seen = [], set()
         for candidate in candidates:

@@ -86,7 +86,7 @@ class Layout:
 class GlueTask:
     """One GLUE task's files: layouts, label strings, file names, submission names."""
 
-    name: str  # our task name (task_data.TASKS)
+    name: str  # our task name (task_data.predefined_tasks)
     folder: str  # the download script's folder name
     labeled: Layout  # train / dev
     test: Layout
@@ -137,12 +137,12 @@ DIAGNOSTIC_FILES = ("diagnostic.tsv", "AX.tsv", "../diagnostic/diagnostic.tsv", 
 def glue_task(task: Task) -> GlueTask | None:
     """The GLUE description of a predefined GLUE task, None for any other task (or a GLUE task
     whose columns were changed, which then reads files by those columns)."""
-    from electra_tf.finetune.task_data import TASKS
+    from electra_tf.finetune.task_data import predefined_tasks
 
     glue = GLUE_TASKS.get(task.name)
-    if glue is None or TASKS.get(task.name) is None:
+    predefined = predefined_tasks().get(task.name)
+    if glue is None or predefined is None:
         return None
-    predefined = TASKS[task.name]
     same_columns = all(getattr(task, f) == getattr(predefined, f)
                        for f in ("text_column", "text_pair_column", "label_column", "has_header"))
     return glue if same_columns else None

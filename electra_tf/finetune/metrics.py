@@ -4,6 +4,7 @@ Classification / regression: `accuracy`, `f1`, `matthews_corrcoef`, `pearson`, `
 Span QA: `squad_v1_scores` and `squad_v2_scores` reproduce the official SQuAD evaluation
 scripts (answer normalisation, exact match, token F1, HasAns/NoAns splits, best threshold).
 Tagging: `tagging_accuracy` and `chunk_f1` (CoNLL `conlleval` chunk rules, BIO or BIOES).
+Multiple choice: `accuracy` of the chosen index.
 `TaskMetrics.for_task(name)` says which of these a task reports and which one selects the
 best checkpoint.
 
@@ -21,7 +22,7 @@ import dataclasses
 import logging
 import re
 import string
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -334,15 +335,37 @@ def squad_v2_scores(
 # ---------------------------------------------------------------------------------------
 
 
+def tagging_scores(labels: Sequence[Sequence[str]], predictions: Sequence[Sequence[str]]) -> dict[str, float]:
+    """Word accuracy and chunk precision / recall / F1 (`chunk_*`) of tag-string sequences."""
+    results = {"accuracy": tagging_accuracy(labels, predictions)}
+    results.update({f"chunk_{k}": v for k, v in chunk_f1(labels, predictions).items()})
+    return results
+
+
+def _squad_v1(dataset, predictions) -> dict[str, float]:
+    return squad_v1_scores(predictions, dataset)
+
+
+def _squad_v2(dataset, predictions, **kwargs) -> dict[str, float]:
+    return squad_v2_scores(predictions, dataset, **kwargs)
+
+
+# Metrics computed one by one from label and prediction arrays.
+ARRAY_METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pearson": pearson,
+                 "spearman": spearman}
+
+
 @dataclasses.dataclass(frozen=True)
 class TaskMetrics:
     """The metrics a task reports and the "main" score used to pick the best checkpoint.
 
     Args:
       task: canonical task name.
-      kind: "classification", "regression", "tagging" or "qa".
-      metrics: names of the metrics `compute` returns.
+      metrics: names of the metrics reported.
       main: metrics averaged into the main score (e.g. MRPC: F1 and accuracy).
+      score: `score(labels, predictions, **kwargs)` -> {metric: value} for metrics computed
+        together (tagging's chunks, SQuAD's script); None computes each of `metrics` from label
+        and prediction arrays (`ARRAY_METRICS`).
 
     Example:
       >>> m = TaskMetrics.for_task("mrpc")
@@ -352,9 +375,9 @@ class TaskMetrics:
     """
 
     task: str
-    kind: str
     metrics: tuple[str, ...]
     main: tuple[str, ...]
+    score: Callable[..., dict] | None = None
 
     @classmethod
     def for_task(cls, name: str) -> "TaskMetrics":
@@ -368,26 +391,14 @@ class TaskMetrics:
     def compute(self, labels, predictions, **kwargs) -> dict[str, float]:
         """Every metric of the task plus "main".
 
-        classification/regression: label and prediction arrays. tagging: per-sentence
-        word-level tag strings. qa: `labels` is the SQuAD dataset, `predictions` qid -> text;
-        SQuAD 2.0 takes `na_probs` and `na_prob_thresh` keyword arguments.
+        Arrays of labels and predictions, unless `score` takes other forms: tagging, per-sentence
+        word-level tag strings; SQuAD, the dataset and qid -> text (SQuAD 2.0 takes `na_probs`
+        and `na_prob_thresh` keyword arguments).
         """
-        fns = {
-            "accuracy": accuracy,
-            "f1": f1,
-            "mcc": matthews_corrcoef,
-            "pearson": pearson,
-            "spearman": spearman,
-        }
-        if self.kind in ("classification", "regression"):
-            results = {name: fns[name](labels, predictions) for name in self.metrics}
-        elif self.kind == "tagging":
-            results = {"accuracy": tagging_accuracy(labels, predictions)}
-            results.update({f"chunk_{k}": v for k, v in chunk_f1(labels, predictions).items()})
-        elif self.task == "squad1.1":
-            results = squad_v1_scores(predictions, labels)
+        if self.score is None:
+            results = {name: ARRAY_METRICS[name](labels, predictions) for name in self.metrics}
         else:
-            results = squad_v2_scores(predictions, labels, **kwargs)
+            results = self.score(labels, predictions, **kwargs)
         results["main"] = self.main_score(results)
         return results
 
@@ -398,22 +409,24 @@ class TaskMetrics:
 _TASK_METRICS = {
     m.task: m
     for m in [
-        TaskMetrics("cola", "classification", ("mcc", "accuracy"), ("mcc",)),
-        TaskMetrics("sst-2", "classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("mrpc", "classification", ("f1", "accuracy"), ("f1", "accuracy")),
-        TaskMetrics("sts-b", "regression", ("pearson", "spearman"), ("pearson", "spearman")),
-        TaskMetrics("qqp", "classification", ("f1", "accuracy"), ("f1", "accuracy")),
-        TaskMetrics("mnli", "classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("qnli", "classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("rte", "classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("wnli", "classification", ("accuracy",), ("accuracy",)),
+        TaskMetrics("cola", ("mcc", "accuracy"), ("mcc",)),
+        TaskMetrics("sst-2", ("accuracy",), ("accuracy",)),
+        TaskMetrics("mrpc", ("f1", "accuracy"), ("f1", "accuracy")),
+        TaskMetrics("sts-b", ("pearson", "spearman"), ("pearson", "spearman")),
+        TaskMetrics("qqp", ("f1", "accuracy"), ("f1", "accuracy")),
+        TaskMetrics("mnli", ("accuracy",), ("accuracy",)),
+        TaskMetrics("qnli", ("accuracy",), ("accuracy",)),
+        TaskMetrics("rte", ("accuracy",), ("accuracy",)),
+        TaskMetrics("wnli", ("accuracy",), ("accuracy",)),
         # The paper's tables quote SQuAD exact match, so it selects the checkpoint.
-        TaskMetrics("squad1.1", "qa", ("exact_match", "f1"), ("exact_match",)),
-        TaskMetrics("squad2.0", "qa", ("exact", "f1"), ("exact",)),
-        TaskMetrics("classification", "classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("regression", "regression", ("pearson", "spearman"), ("pearson", "spearman")),
-        TaskMetrics("tagging", "tagging", ("accuracy", "chunk_f1"), ("chunk_f1",)),
-        TaskMetrics("rotten_tomatoes", "classification", ("accuracy",), ("accuracy",)),
+        TaskMetrics("squad1.1", ("exact_match", "f1"), ("exact_match",), _squad_v1),
+        TaskMetrics("squad2.0", ("exact", "f1"), ("exact",), _squad_v2),
+        # The generic task of each family (a custom task name falls back to its family's).
+        TaskMetrics("classification", ("accuracy",), ("accuracy",)),
+        TaskMetrics("regression", ("pearson", "spearman"), ("pearson", "spearman")),
+        TaskMetrics("tagging", ("accuracy", "chunk_f1"), ("chunk_f1",), tagging_scores),
+        TaskMetrics("multiple_choice", ("accuracy",), ("accuracy",)),
+        TaskMetrics("rotten_tomatoes", ("accuracy",), ("accuracy",)),
     ]
 }
 _ALIASES = {
@@ -427,9 +440,4 @@ _ALIASES = {
     "chunk": "tagging",
 }
 _ALIASES.update({f"glue/{k.replace('-', '')}": k for k in ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")})
-
-
-def task_metrics(name: str) -> TaskMetrics:
-    """Shorthand for `TaskMetrics.for_task(name)`."""
-    return TaskMetrics.for_task(name)
 

@@ -2,13 +2,19 @@
 TSV files (`glue.py`), TFDS, Rotten Tomatoes.
 
 A `Task` says what an example looks like (which columns hold the text, the text pair and the
-label; the label set; where TFDS keeps it). `load_examples(task, split, ...)` turns a local file,
-a prepared TFDS dataset or the packaged Rotten Tomatoes corpus into a list of examples:
+label; the label set; where TFDS keeps it) and which task family it belongs to (`families/`:
+the family reads its files, featurizes, builds the head, scores and serves).
+`load_examples(task, split, ...)` turns a local file, a prepared TFDS dataset or the packaged
+Rotten Tomatoes corpus into a list of examples, by the task's family:
 
 - `SentenceExample` for classification (label = index into `task.label_names`) and regression
   (label = float);
 - `TaggingExample` for word-level tagging (labels = indices into `task.label_names`);
-- `QAExample` for SQuAD-style span QA (v1.1, and v2.0 with `is_impossible`).
+- `QAExample` for SQuAD-style span QA (v1.1, and v2.0 with `is_impossible`);
+- `families.multiple_choice.ChoiceExample` for multiple choice.
+
+This module holds the file readers the families share (CSV/TSV/JSONL rows, CoNLL, SQuAD JSON)
+and the predefined tasks (`get_task`).
 
 A predefined GLUE task reads the original GLUE files (`glue_data/MRPC/train.tsv`: CoLA without a
 header, MRPC's `#1 String`, ...) by the task's layout in `glue.py`, and still reads a TSV with its
@@ -27,14 +33,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 import os
 import re
 from typing import Any, Iterator, Sequence
-
-KINDS = ("classification", "regression", "tagging", "qa")
-
 
 class TaskDataError(ValueError):
     """Bad task data; the message names the file, the line and the field."""
@@ -51,12 +55,15 @@ class Task:
 
     Args:
       name: task name (also the key for `metrics.TaskMetrics.for_task`).
-      kind: "classification", "regression", "tagging" or "qa".
+      family: the task family (`families.FAMILIES`): "classification", "regression",
+        "tagging", "qa" or "multiple_choice".
       label_names: classification / tagging label set; a label's id is its index here.
         None until set (`with_label_names`, `infer_label_names`).
       text_column: column (CSV/TSV header name, 0-based index for header-less TSV, or JSONL
-        key) of the first text; for tagging the JSONL key of the word list.
-      text_pair_column: column of the second text of a pair task, or None.
+        key) of the first text; for tagging the JSONL key of the word list; for multiple choice
+        the JSONL key of the context (premise, question) every choice is paired with.
+      text_pair_column: column of the second text of a pair task, or None; for multiple choice
+        the JSONL key of the list of choices.
       label_column: column of the label; for tagging the JSONL key of the tag list.
       tfds_name: e.g. "glue/mrpc" or "squad/v2.0", or None.
       tfds_splits: our split name ("train", "dev", "test") -> TFDS split name.
@@ -65,7 +72,7 @@ class Task:
     """
 
     name: str
-    kind: str
+    family: str
     label_names: tuple[str, ...] | None = None
     text_column: str | int = "text"
     text_pair_column: str | int | None = None
@@ -76,8 +83,11 @@ class Task:
     squad_v2: bool = False
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"Task {self.name!r}: field 'kind' is {self.kind!r}, expected one of {KINDS}")
+        from electra_tf.finetune.families import FAMILIES
+
+        if self.family not in FAMILIES:
+            raise ValueError(f"Task {self.name!r}: field 'family' is {self.family!r}, expected one of "
+                             f"{tuple(FAMILIES)}")
         if self.label_names is not None:
             names = tuple(str(n) for n in self.label_names)
             if len(set(names)) != len(names) or not names:
@@ -138,18 +148,20 @@ _MNLI_SPLITS = (("train", "train"), ("dev", "validation_matched"), ("test", "tes
 _SQUAD_SPLITS = (("train", "train"), ("dev", "validation"))
 
 
-def _glue(name, tfds_config, labels, text, pair=None, kind="classification", **kwargs):
-    return Task(name, kind, labels, text, pair, "label", f"glue/{tfds_config}", **kwargs)
+def _glue(name, tfds_config, labels, text, pair=None, family="classification", **kwargs):
+    return Task(name, family, labels, text, pair, "label", f"glue/{tfds_config}", **kwargs)
 
 
-# Label names in TFDS's ClassLabel order, so a TFDS label id is our label id.
-TASKS: dict[str, Task] = {
-    t.name: t
-    for t in [
+@functools.cache
+def predefined_tasks() -> dict[str, Task]:
+    """The predefined tasks by name. Label names are in TFDS's ClassLabel order, so a TFDS label
+    id is our label id. (Built on first use: a `Task` checks its family against the registry,
+    whose modules import this one.)"""
+    return {t.name: t for t in [
         _glue("cola", "cola", ("unacceptable", "acceptable"), "sentence"),
         _glue("sst-2", "sst2", ("negative", "positive"), "sentence"),
         _glue("mrpc", "mrpc", ("not_equivalent", "equivalent"), "sentence1", "sentence2"),
-        _glue("sts-b", "stsb", None, "sentence1", "sentence2", kind="regression"),
+        _glue("sts-b", "stsb", None, "sentence1", "sentence2", family="regression"),
         _glue("qqp", "qqp", ("not_duplicate", "duplicate"), "question1", "question2"),
         _glue("mnli", "mnli", ("entailment", "neutral", "contradiction"), "premise", "hypothesis",
               tfds_splits=_MNLI_SPLITS),
@@ -160,22 +172,22 @@ TASKS: dict[str, Task] = {
         Task("squad2.0", "qa", tfds_name="squad/v2.0", tfds_splits=_SQUAD_SPLITS, squad_v2=True),
         Task("rotten_tomatoes", "classification", ("negative", "positive"),
              tfds_splits=(("train", "train"), ("dev", "dev"))),
-    ]
-}
+    ]}
 
 
 def get_task(name: str) -> Task:
     """A predefined task by name ("mrpc", "sst-2", "squad2.0", "rotten_tomatoes", ...)."""
     key = name.strip().lower()
     key = {"sst2": "sst-2", "stsb": "sts-b", "squad": "squad2.0", "squadv1": "squad1.1"}.get(key, key)
-    if key not in TASKS:
-        raise ValueError(f"unknown task {name!r}; predefined tasks: {', '.join(TASKS)}")
-    return TASKS[key]
+    tasks = predefined_tasks()
+    if key not in tasks:
+        raise ValueError(f"unknown task {name!r}; predefined tasks: {', '.join(tasks)}")
+    return tasks[key]
 
 
 def rotten_tomatoes_task() -> Task:
     """Rotten Tomatoes sentence polarity (SST-2's source): 0 = negative, 1 = positive."""
-    return TASKS["rotten_tomatoes"]
+    return predefined_tasks()["rotten_tomatoes"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -191,17 +203,12 @@ def _sorted_labels(labels) -> tuple[str, ...]:
 
 
 def infer_label_names(task: Task, path: str | os.PathLike) -> tuple[str, ...]:
-    """The sorted set of labels in a (training) file: classification or tagging."""
-    if task.kind not in ("classification", "tagging"):
-        raise ValueError(f"Task {task.name!r}: a {task.kind} task has no label set")
+    """The sorted set of labels in a (training) file, for a family with a label set
+    (classification, tagging)."""
+    from electra_tf.finetune.families import get_family
+
     path = os.fspath(path)
-    found = set()
-    if task.kind == "tagging":
-        for loc, words, tags in _tagged_sentences(task, path):
-            found.update(tags)
-    else:
-        for loc, row in _rows(task, path):
-            found.add(_raw_label_string(loc, row, task.label_column))
+    found = get_family(task.family).labels_in_file(task, path)
     if not found:
         raise TaskDataError(f"{path}:1: field {task.label_column!r}: no labels in the file")
     return _sorted_labels(found)
@@ -268,13 +275,8 @@ class DataFiles:
     test: dict = dataclasses.field(default_factory=dict)
 
 
-_SPLIT_EXTENSIONS = {"qa": (".json",), "tagging": (".jsonl", ".txt", ".conll"),
-                     "classification": (".tsv", ".csv", ".jsonl"),
-                     "regression": (".tsv", ".csv", ".jsonl")}
-
-
-def _split_file(task: Task, folder: str, split: str) -> str | None:
-    found = [os.path.join(folder, split + ext) for ext in _SPLIT_EXTENSIONS[task.kind]
+def _split_file(task: Task, folder: str, split: str, extensions: Sequence[str]) -> str | None:
+    found = [os.path.join(folder, split + ext) for ext in extensions
              if os.path.exists(os.path.join(folder, split + ext))]
     if len(found) > 1:
         raise TaskDataError(f"{folder}: several {split} files ({', '.join(found)}); pass --{split}_file")
@@ -289,9 +291,11 @@ def data_files(task: Task, data_dir: str | os.PathLike | None = None, *, train_p
     (`glue_data/MRPC`, or `glue_data`): train.tsv, dev.tsv (MNLI: dev_matched.tsv, and
     dev_mismatched.tsv as the evaluation set "dev_mismatched") and the test files
     (`glue.GLUE_TASKS`). For another task, `data_dir/train.<ext>` and `dev.<ext>` with the
-    extensions its kind reads (.tsv/.csv/.jsonl; tagging .jsonl/.txt/.conll; QA .json).
+    extensions its family reads (`TaskFamily.file_extensions`: .tsv/.csv/.jsonl; tagging
+    .jsonl/.txt/.conll; QA .json; multiple choice .jsonl).
     """
     from electra_tf.finetune import glue
+    from electra_tf.finetune.families import get_family
 
     files = DataFiles(None if train_path is None else os.fspath(train_path),
                       {} if eval_path is None else {"dev": os.fspath(eval_path)})
@@ -308,10 +312,11 @@ def data_files(task: Task, data_dir: str | os.PathLike | None = None, *, train_p
         if not os.path.isdir(data_dir):
             raise FileNotFoundError(f"{data_dir}: no such folder (--data_dir for task {task.name!r})")
         where = data_dir
-        found_train = _split_file(task, data_dir, "train")
-        dev = _split_file(task, data_dir, "dev")
+        extensions = get_family(task.family).file_extensions
+        found_train = _split_file(task, data_dir, "train", extensions)
+        dev = _split_file(task, data_dir, "dev", extensions)
         found_dev = {"dev": dev} if dev else {}
-        wanted = "train.<ext> and dev.<ext> with <ext> one of " + "/".join(_SPLIT_EXTENSIONS[task.kind])
+        wanted = "train.<ext> and dev.<ext> with <ext> one of " + "/".join(extensions)
     if files.train is None:
         if found_train is None:
             raise FileNotFoundError(f"{where}: no training file (looked for {wanted})")
@@ -324,15 +329,19 @@ def data_files(task: Task, data_dir: str | os.PathLike | None = None, *, train_p
 
 
 def read_file(task: Task, path: str | os.PathLike) -> list:
-    """Reads a local file into examples, chosen by `task.kind` and the file extension."""
+    """Reads a local file into examples, as the task's family reads its files."""
+    from electra_tf.finetune.families import get_family
+
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (task {task.name!r})")
-    if task.kind == "qa":
-        return read_squad_json(path, v2=task.squad_v2)
-    if task.kind == "tagging":
-        return [TaggingExample(i, tuple(words), _tag_ids(task, loc, tags))
-                for i, (loc, words, tags) in enumerate(_tagged_sentences(task, path))]
+    return get_family(task.family).read_file(task, path)
+
+
+def read_sentence_file(task: Task, path: str, label) -> list[SentenceExample]:
+    """Sentence (pair) examples of a CSV/TSV/JSONL file, or of an original GLUE TSV by the
+    task's layout (`glue.py`); `label(task, loc, row)` reads a row's label (`class_label`,
+    `regression_label`)."""
     if _extension(path) == ".tsv":
         from electra_tf.finetune import glue
 
@@ -349,7 +358,12 @@ def read_file(task: Task, path: str | os.PathLike) -> list:
                     f" for train/dev, {spec.test.describe()} for test) nor the columns "
                     f"{[c for c in (task.text_column, task.text_pair_column, task.label_column) if c]}"
                     f"; the first row has {first[:12]}")
-    return [_sentence_example(task, i, loc, row) for i, (loc, row) in enumerate(_rows(task, path))]
+    examples = []
+    for eid, (loc, row) in enumerate(rows(task, path)):
+        text = text_field(loc, row, task.text_column)
+        pair = text_field(loc, row, task.text_pair_column) if task.text_pair_column is not None else None
+        examples.append(SentenceExample(eid, text, pair, label(task, loc, row)))
+    return examples
 
 
 # ---------------------------------------------------------------------------------------
@@ -361,18 +375,18 @@ def _extension(path: str) -> str:
     return os.path.splitext(path)[1].lower()
 
 
-def _rows(task: Task, path: str) -> Iterator[tuple[str, Any]]:
+def rows(task: Task, path: str) -> Iterator[tuple[str, Any]]:
     """Yields ("file:line", row) where row is a dict (header / JSONL) or a list (no header)."""
     ext = _extension(path)
     if ext == ".jsonl":
-        yield from _jsonl_rows(path)
+        yield from jsonl_rows(path)
     elif ext in (".csv", ".tsv"):
         yield from _delimited_rows(task, path, ext == ".tsv")
     else:
         raise TaskDataError(f"{path}:1: unsupported file type {ext!r}; expected .csv, .tsv or .jsonl")
 
 
-def _jsonl_rows(path: str) -> Iterator[tuple[str, dict]]:
+def jsonl_rows(path: str) -> Iterator[tuple[str, dict]]:
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
@@ -418,15 +432,15 @@ def _delimited_rows(task: Task, path: str, tsv: bool) -> Iterator[tuple[str, Any
             yield loc, dict(zip(header, values))
 
 
-def _field(loc: str, row, column) -> Any:
+def field_value(loc: str, row, column) -> Any:
     try:
         return row[column]
     except (KeyError, IndexError, TypeError):
         raise TaskDataError(f"{loc}: field {column!r}: missing") from None
 
 
-def _text(loc: str, row, column) -> str:
-    value = _field(loc, row, column)
+def text_field(loc: str, row, column) -> str:
+    value = field_value(loc, row, column)
     if not isinstance(value, str):
         raise TaskDataError(f"{loc}: field {column!r}: expected a string, got {type(value).__name__}")
     if not value.strip():
@@ -434,8 +448,8 @@ def _text(loc: str, row, column) -> str:
     return value
 
 
-def _raw_label_string(loc: str, row, column) -> str:
-    value = _field(loc, row, column)
+def raw_label(loc: str, row, column) -> str:
+    value = field_value(loc, row, column)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise TaskDataError(f"{loc}: field {column!r}: expected a string or integer label, got {value!r}")
     value = str(value).strip()
@@ -444,7 +458,7 @@ def _raw_label_string(loc: str, row, column) -> str:
     return value
 
 
-def _label_id(task: Task, loc: str, column, label: str) -> int:
+def label_id(task: Task, loc: str, column, label: str) -> int:
     """Index of a label in `task.label_names`; 0-based indices are accepted too when no
     label name is itself a number (e.g. GLUE's "0"/"1" against TFDS's names)."""
     if task.label_names is None:
@@ -459,24 +473,24 @@ def _label_id(task: Task, loc: str, column, label: str) -> int:
         f"{loc}: field {column!r}: label {label!r} is not in the label set {list(task.label_names)}")
 
 
-def _sentence_example(task: Task, eid: int, loc: str, row) -> SentenceExample:
-    text = _text(loc, row, task.text_column)
-    pair = _text(loc, row, task.text_pair_column) if task.text_pair_column is not None else None
-    if task.kind == "regression":
-        value = _field(loc, row, task.label_column)
-        try:
-            if isinstance(value, bool):
-                raise ValueError
-            label = float(value)
-        except (TypeError, ValueError):
-            raise TaskDataError(
-                f"{loc}: field {task.label_column!r}: regression label {value!r} is not a number") from None
-        if not math.isfinite(label):
-            raise TaskDataError(f"{loc}: field {task.label_column!r}: regression label {value!r} is not finite")
-    else:
-        raw = _raw_label_string(loc, row, task.label_column)
-        label = _label_id(task, loc, task.label_column, raw)
-    return SentenceExample(eid, text, pair, label)
+def class_label(task: Task, loc: str, row) -> int:
+    """A classification row's label: its id in `task.label_names`."""
+    return label_id(task, loc, task.label_column, raw_label(loc, row, task.label_column))
+
+
+def regression_label(task: Task, loc: str, row) -> float:
+    """A regression row's label: a finite number."""
+    value = field_value(loc, row, task.label_column)
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        label = float(value)
+    except (TypeError, ValueError):
+        raise TaskDataError(
+            f"{loc}: field {task.label_column!r}: regression label {value!r} is not a number") from None
+    if not math.isfinite(label):
+        raise TaskDataError(f"{loc}: field {task.label_column!r}: regression label {value!r} is not finite")
+    return label
 
 
 # ---------------------------------------------------------------------------------------
@@ -484,12 +498,12 @@ def _sentence_example(task: Task, eid: int, loc: str, row) -> SentenceExample:
 # ---------------------------------------------------------------------------------------
 
 
-def _tagged_sentences(task: Task, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+def tagged_sentences(task: Task, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
     ext = _extension(path)
     if ext == ".jsonl":
-        for loc, row in _jsonl_rows(path):
-            words = _field(loc, row, task.text_column)
-            tags = _field(loc, row, task.label_column)
+        for loc, row in jsonl_rows(path):
+            words = field_value(loc, row, task.text_column)
+            tags = field_value(loc, row, task.label_column)
             for column, value in ((task.text_column, words), (task.label_column, tags)):
                 if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
                     raise TaskDataError(f"{loc}: field {column!r}: expected a list of non-empty strings")
@@ -525,8 +539,8 @@ def _conll_sentences(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
         yield f"{path}:{start}", words, tags
 
 
-def _tag_ids(task: Task, loc: str, tags: Sequence[str]) -> tuple[int, ...]:
-    return tuple(_label_id(task, loc, task.label_column, tag) for tag in tags)
+def tag_ids(task: Task, loc: str, tags: Sequence[str]) -> tuple[int, ...]:
+    return tuple(label_id(task, loc, task.label_column, tag) for tag in tags)
 
 
 # ---------------------------------------------------------------------------------------
@@ -626,32 +640,16 @@ def load_tfds(task: Task, split: str, data_dir: str | None) -> list:
     return [tfds_record_to_example(task, i, record) for i, record in enumerate(tfds.as_numpy(dataset))]
 
 
-def _decode(value) -> str:
+def decode(value) -> str:
+    """A TFDS string feature (bytes) as text."""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
 def tfds_record_to_example(task: Task, eid: int, record: dict):
-    """One `tfds.as_numpy` record of a GLUE or SQuAD dataset -> our example."""
-    if task.kind == "qa":
-        answers = record["answers"]
-        texts = [_decode(t) for t in answers["text"]]
-        starts = [int(s) for s in answers["answer_start"]]
-        is_impossible = bool(record.get("is_impossible", False)) if task.squad_v2 else False
-        return QAExample(
-            qid=_decode(record["id"]),
-            question=_decode(record["question"]),
-            context=_decode(record["context"]),
-            answers=() if is_impossible else tuple(QAAnswer(t, s) for t, s in zip(texts, starts)),
-            is_impossible=is_impossible,
-        )
-    text = _decode(record[task.text_column])
-    pair = _decode(record[task.text_pair_column]) if task.text_pair_column is not None else None
-    if task.kind == "regression":
-        label = float(record["label"])
-    else:
-        label = int(record["label"])
-        label = None if label < 0 else label  # GLUE test splits carry label -1
-    return SentenceExample(eid, text, pair, label)
+    """One `tfds.as_numpy` record of a GLUE or SQuAD dataset -> our example (by the family)."""
+    from electra_tf.finetune.families import get_family
+
+    return get_family(task.family).example_from_tfds(task, eid, record)
 
 
 # ---------------------------------------------------------------------------------------
@@ -676,8 +674,8 @@ def rotten_tomatoes_examples(split: str = "train") -> list[SentenceExample]:
                          f"{', '.join(ROTTEN_TOMATOES_SPLITS)}")
     if split.startswith("tune_"):
         tune_train, tune_eval = corpus.rotten_tomatoes_tuning_split()
-        rows = tune_train if split == "tune_train" else tune_eval
+        labelled = tune_train if split == "tune_train" else tune_eval
     else:
         train, dev = corpus.rotten_tomatoes_split()
-        rows = train if split == "train" else dev
-    return [SentenceExample(i, text, None, int(label)) for i, (text, label) in enumerate(rows)]
+        labelled = train if split == "train" else dev
+    return [SentenceExample(i, text, None, int(label)) for i, (text, label) in enumerate(labelled)]

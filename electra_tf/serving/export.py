@@ -1,19 +1,21 @@
 """Export a fine-tuned ELECTRA head as a TensorFlow Serving SavedModel that takes raw text.
 
 `export_finetuned(model_dir_or_best, export_base, model_name)` reads what the fine-tuning trainer
-saved (`trainer.load_finetuned`: head, `head_config.json`, `vocab.txt`) and writes, with
+saved (`saving.load_finetuned`: the head, its `FinetunedModelConfig` from `head_config.json`,
+`vocab.txt`) and writes, with
 `keras.export.ExportArchive`, `export_base/model_name/VERSION/` (the next free integer unless
 `version` is given; an existing version is never overwritten). The SavedModel is written to a
 hidden folder of `export_base` and renamed into place, so a server watching `BASE/NAME` never
 sees half a model (reference/serving.md: new version folders are picked up while serving).
 
-Signatures (every input and output has the batch first):
+Signatures (every input and output has the batch first). The text signature is the task
+family's (`finetune/families/`, `TaskFamily.serving_signature`); this module writes it:
 
 - `serving_default`: raw UTF-8 text in, tokenized and packed in-graph as `features.py` does it
   for training (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
-  fine-tuning `max_seq_length`; classification and regression pad only to the batch's longest
-  row, which gives the same outputs for a fraction of the compute on short texts, see
-  `_signatures`):
+  fine-tuning `max_seq_length`; classification, regression and multiple choice pad only to the
+  batch's longest row, which gives the same outputs for a fraction of the compute on short
+  texts, see `SentenceFamily.serving_signature`):
   - classification: `text` (+ `text_pair` for pair tasks) -> `probabilities` float32
     [B, num_labels], `label` string [B];
   - regression: `text` (+ `text_pair`) -> `score` float32 [B];
@@ -25,13 +27,15 @@ Signatures (every input and output has the batch first):
     logit; `answer` is "" when it exceeds the fine-tuning `null_score_diff_threshold`, while
     `start` / `end` / `score` still describe the best span so a client can apply its own
     threshold). One window of `max_seq_length` tokens: a context longer than that is cut, and
-    `features.featurize_qa`'s sliding windows are not used (see `ServingPreprocessor.pack_qa`).
-- `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] -> the head's raw outputs
-  (`logits`; regression `predictions`; QA `start_logits`, `start_top_index`, `end_logits`,
-  `answerable_logits`); tokenize with `assets/vocab.txt` on the client. QA needs
-  S = `max_seq_length`. A server without the TF Text ops cannot load the text export at all
-  (every op of the graph must be registered): export with `ids_only=True` for it, which writes
-  `serve_ids` alone (also as `serving_default`) and no TF Text op.
+    `features.featurize_qa`'s sliding windows are not used (see `ServingPreprocessor.pack_qa`);
+  - multiple choice: `context` [B], `choices` [B, C] ("" for no choice) -> `probabilities`
+    float32 [B, C], `choice` int32 [B], `answer` string [B].
+- `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] ([B, C, S] for multiple
+  choice) -> the head's raw outputs (`logits`; regression `predictions`; QA `start_logits`,
+  `start_top_index`, `end_logits`, `answerable_logits`); tokenize with `assets/vocab.txt` on
+  the client. QA needs S = `max_seq_length`. A server without the TF Text ops cannot load the
+  text export at all (every op of the graph must be registered): export with `ids_only=True`
+  for it, which writes `serve_ids` alone (also as `serving_default`) and no TF Text op.
 
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
@@ -73,10 +77,12 @@ import tensorflow_text as tf_text
 
 from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
 from electra_tf.files import give_normal_mode
+from electra_tf.finetune.config import FinetunedModelConfig
+from electra_tf.finetune.families import get_family
+from electra_tf.finetune.features import INPUT_KEYS
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
-INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")
 # Python's str.split() whitespace: \s of RE2 is ASCII only, so list Python's set (str.isspace:
 # bidi classes WS/B/S and category Zs) explicitly; \p{Z} adds U+2028/2029, which split too.
 _SPLIT_WHITESPACE = r"[\t\n\x{0b}\x{0c}\r\x{1c}-\x{1f}\x{85}\p{Z}]+"
@@ -395,177 +401,22 @@ class ServingPreprocessor(tf.Module):
 
 
 # ---------------------------------------------------------------------------------------
-# Outputs.
+# Signatures.
 # ---------------------------------------------------------------------------------------
 
 
-def _log_softmax_over(logits, allowed):
-    """log-softmax over the `allowed` positions of the last axis; -inf elsewhere
-    (features.postprocess_qa's `_log_softmax`)."""
-    return tf.nn.log_softmax(tf.where(allowed, logits, tf.constant(-float("inf"), logits.dtype)), axis=-1)
-
-
-def best_spans(outputs: Mapping[str, tf.Tensor], inputs: Mapping[str, tf.Tensor], *,
-               n_best_size: int, max_answer_length: int):
-    """`features.postprocess_qa` on one window per example, in-graph: the top starts (the head's
-    `start_top_index`, rank k conditioning end row k) x the top `n_best_size` ends of each row;
-    both inside the context, end >= start, at most `max_answer_length` tokens; best by start +
-    end log-probability. Returns (start position, end position, score, found) each [B]."""
-    mask = tf.cast(inputs["input_mask"], tf.bool)
-    seq_length = tf.shape(mask)[1]
-    position = tf.range(seq_length)[None, :]
-    length = tf.reduce_sum(inputs["input_mask"], axis=1, keepdims=True)
-    allowed = mask & tf.equal(inputs["segment_ids"], 1) & (position < length - 1)  # context pieces
-    allowed_or_cls = allowed | tf.equal(position, 0)
-
-    starts = outputs["start_top_index"][:, :n_best_size]  # [B, K]
-    start_lp = tf.gather(_log_softmax_over(outputs["start_logits"], allowed_or_cls), starts, batch_dims=1)
-    end_lp = _log_softmax_over(outputs["end_logits"][:, :n_best_size], allowed_or_cls[:, None, :])  # [B, K, S]
-    end_lp, ends = tf.math.top_k(end_lp, k=tf.minimum(n_best_size, seq_length))  # [B, K, N]
-    start_ok = tf.gather(allowed, starts, batch_dims=1)[:, :, None]
-    end_ok = tf.gather(allowed, tf.reshape(ends, [tf.shape(ends)[0], -1]), batch_dims=1)
-    end_ok = tf.reshape(end_ok, tf.shape(ends))
-    valid = (start_ok & end_ok & (ends >= starts[:, :, None])
-             & (ends - starts[:, :, None] + 1 <= max_answer_length))
-    score = tf.where(valid, start_lp[:, :, None] + end_lp, -float("inf"))
-    flat = tf.reshape(score, [tf.shape(score)[0], -1])
-    best = tf.argmax(flat, axis=1, output_type=tf.int32)  # first of equals, as the stable sort
-    n_ends = tf.shape(ends)[2]
-    start = tf.gather(starts, best // n_ends, batch_dims=1)
-    end = tf.gather(tf.reshape(ends, [tf.shape(ends)[0], -1]), best, batch_dims=1)
-    found = tf.reduce_any(tf.reshape(valid, [tf.shape(valid)[0], -1]), axis=1)
-    return start, end, tf.gather(flat, best, batch_dims=1), found
-
-
-def _class_names(info: Mapping[str, Any], num_labels: int) -> list[str]:
-    names = info.get("label_names") or [str(i) for i in range(num_labels)]
-    if len(names) != num_labels:
-        raise ValueError(f"head_config.json: {len(names)} label_names for a head with {num_labels} labels")
-    return [str(n) for n in names]
-
-
-def is_pair_task(info: Mapping[str, Any]) -> bool:
-    """Whether a sentence task takes a text pair: `head_config.json`'s "text_pair" (or
-    "text_pair_column") when recorded, else the predefined task's definition, else False."""
-    for key in ("text_pair", "pair"):
-        if key in info and info[key] is not None:
-            return bool(info[key])
-    if "text_pair_column" in info:
-        return info["text_pair_column"] is not None
-    from electra_tf.finetune.task_data import get_task
-
-    try:
-        return get_task(str(info.get("task"))).text_pair_column is not None
-    except ValueError:
-        return False
-
-
-def _string_specs(*names):
-    return [tf.TensorSpec([None], tf.string, name=n) for n in names]
-
-
-def _signatures(head, info: Mapping[str, Any], pre: ServingPreprocessor, pair: bool):
-    """{name: (fn, input_signature)} for serving_default and serve_ids.
-
-    The text signatures of classification and regression pad a batch to its longest row (at
-    most max_seq_length), not to max_seq_length as training did. The encoder's cost grows with
-    the sequence length (linearly in the dense layers, quadratically in attention), and a
-    Rotten Tomatoes sentence is ~25 pieces: padded to 128 every request did ~5x the work it
-    needs. The outputs do not change: the heads read the [CLS] state alone, a [PAD] key gets
-    -10000 on its attention score, so its softmax weight is exactly 0 in float32 and no real
-    token's state depends on how many pads follow; what differs is the order of float sums
-    (logits within 1e-6 on ELECTRA-Small and -Base). A server that merges requests into one
-    batch pads them to the longest of the merged rows. The encoder takes any length up to max_position_embeddings (it slices the
-    position embeddings to the input), and the signatures run as plain tf.functions, not XLA,
-    so a new length is no retrace and no compilation. The outputs have no sequence axis, so the
-    signature's shapes are those of max_seq_length padding. Tagging and QA keep
-    max_seq_length (their spans and word positions are laid out on it), and `serve_ids` runs
-    on the ids as the caller shaped them.
-    """
-    kind = head.kind
-    seq = pre.max_seq_length if kind == "qa" else None  # the QA head's top-k needs S >= beam
-    ids_spec = [tf.TensorSpec([None, seq], tf.int32, name=k) for k in INPUT_KEYS]
+def _signatures(head, model: FinetunedModelConfig, pre: ServingPreprocessor) -> dict:
+    """{name: (function, input specs)}: `serving_default`, the task family's text signature
+    (`TaskFamily.serving_signature`), and `serve_ids`, the head on token ids."""
+    family = get_family(model.family)
+    ids_spec = [tf.TensorSpec(family.ids_shape(model), tf.int32, name=k) for k in INPUT_KEYS]
 
     def serve_ids(input_ids, input_mask, segment_ids):
         outputs = head({"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
                        training=False)
         return dict(outputs)
 
-    if kind in ("classification", "regression"):
-        names = tf.constant(_class_names(info, head.num_labels)) if kind == "classification" else None
-
-        def sentence_outputs(inputs):
-            outputs = head(inputs, training=False)
-            if kind == "regression":
-                return {"score": outputs["predictions"]}
-            probabilities = tf.nn.softmax(outputs["logits"], axis=-1)
-            return {"probabilities": probabilities,
-                    "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
-
-        if pair:
-            def serve_text(text, text_pair):
-                return sentence_outputs(pre.pack_sentences(text, text_pair, pad_to_longest=True))
-            text_spec = _string_specs("text", "text_pair")
-        else:
-            def serve_text(text):
-                return sentence_outputs(pre.pack_sentences(text, pad_to_longest=True))
-            text_spec = _string_specs("text")
-
-    elif kind == "tagging":
-        names = tf.constant(_class_names(info, head.num_labels))
-
-        def serve_text(text):
-            inputs, positions, num_words = pre.pack_tagging(text)
-            predicted = tf.argmax(head(inputs, training=False)["logits"], axis=-1)  # [B, S]
-            labels = tf.gather(names, tf.gather(predicted, positions, batch_dims=1))
-            is_word = tf.range(tf.shape(positions)[1])[None, :] < num_words[:, None]
-            return {"labels": tf.where(is_word, labels, ""), "num_words": num_words}
-        text_spec = _string_specs("text")
-
-    elif kind == "qa":
-        qa = info.get("qa") or {}
-        n_best = int(qa.get("n_best_size", 20))
-        max_answer = int(qa.get("max_answer_length", 30))
-        version_2 = bool(qa.get("version_2", False))
-        threshold = float(qa.get("null_score_diff_threshold", -2.75))
-        max_query = int(qa.get("max_query_length", 64))
-        if version_2 and not getattr(head, "answerable_classifier", False):
-            raise ValueError("a SQuAD 2.0 export needs the head's answerability classifier")
-        n_best = min(n_best, head.beam_size)  # end rows exist for the head's top beam_size starts
-        if max_query + 3 >= pre.max_seq_length:
-            raise ValueError(f"head_config.json: max_query_length {max_query} leaves no room for the "
-                             f"context in max_seq_length {pre.max_seq_length}")
-
-        def serve_text(question, context):
-            inputs, spans = pre.pack_qa(question, context, max_query)
-            outputs = head(inputs, training=False)
-            start, end, score, found = best_spans(outputs, inputs, n_best_size=n_best,
-                                                  max_answer_length=max_answer)
-            first = tf.cast(start, tf.int64) - spans["doc_offset"]  # context piece indices
-            last = tf.cast(end, tf.int64) - spans["doc_offset"]
-            first, last = tf.maximum(first, 0), tf.maximum(last, 0)
-
-            def at(name, index):
-                return tf.gather(spans[name], index, batch_dims=1)
-
-            byte_start = tf.maximum(at("byte_start", first), 0)  # -1 past the pieces: no span
-            byte_end = tf.maximum(at("byte_end", last), byte_start)
-            answer = tf.strings.substr(context, byte_start, byte_end - byte_start, unit="BYTE")
-            result = {
-                "answer": tf.where(found, answer, ""),
-                "start": tf.cast(tf.where(found, at("char_start", first), -1), tf.int32),
-                "end": tf.cast(tf.where(found, at("char_end", last), -1), tf.int32),
-                "score": tf.where(found, score, tf.float32.min),
-            }
-            if version_2:
-                no_answer = outputs["answerable_logits"]
-                result["no_answer_score"] = no_answer
-                result["answer"] = tf.where(no_answer > threshold, "", result["answer"])
-            return result
-        text_spec = _string_specs("question", "context")
-    else:
-        raise ValueError(f"unknown head kind {kind!r}")
-    return {"serving_default": (serve_text, text_spec), SERVE_IDS: (serve_ids, ids_spec)}
+    return {"serving_default": family.serving_signature(head, model, pre), SERVE_IDS: (serve_ids, ids_spec)}
 
 
 # ---------------------------------------------------------------------------------------
@@ -580,20 +431,22 @@ def next_version(model_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str, model_name: str,
-                version: int | None = None, pair: bool | None = None, ids_only: bool = False,
-                verbose: bool = True) -> str:
-    """Export a fine-tuning head (`heads.py`) with its `head_config.json` fields.
+def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_file: str,
+                export_base: str, model_name: str, version: int | None = None,
+                pair: bool | None = None, ids_only: bool = False, verbose: bool = True) -> str:
+    """Export a fine-tuning head (`heads.py`) described by its `FinetunedModelConfig`.
 
     Args:
       head: a built head (`SentenceClassifier`, `SentenceRegressor`, `TokenTagger`,
-        `SpanQuestionAnswerer`).
-      info: the `head_config.json` dict (`trainer.save_finetuned`); read here: "max_seq_length",
-        "lower_case", "label_names", "task", "qa" (QA options).
+        `SpanQuestionAnswerer`, `MultipleChoiceClassifier`).
+      model: its `FinetunedModelConfig` (`saving.load_finetuned`), or a mapping of the fields
+        that are not the head's (`max_seq_length`, `label_names`, `task`, `lower_case`, ...;
+        `FinetunedModelConfig.for_head`).
       vocab_file: the vocabulary the head was fine-tuned with.
       export_base, model_name: the SavedModel goes to `export_base/model_name/VERSION`.
       version: positive integer; default the next free one. An existing version is an error.
-      pair: sentence tasks: take `text_pair` too; default `is_pair_task(info)`.
+      pair: sentence tasks: take `text_pair` too; default as fine-tuned (`text_pair`, or the
+        predefined task for a model saved before it was recorded).
       ids_only: only `serve_ids` (also as `serving_default`): no TF Text op in the graph, for
         servers without TF Text; clients tokenize with the exported `assets/vocab.txt`.
       verbose: print where the model went and the custom-op report.
@@ -601,51 +454,55 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
     Returns:
       The path of the new version folder.
     """
+    import keras
+
+    if not isinstance(model, FinetunedModelConfig):
+        model = FinetunedModelConfig.for_head(head, **model)
+    if pair is not None:
+        model = model.replace(text_pair=bool(pair))
     model_base = os.path.join(export_base, model_name)
     if version is not None and (int(version) <= 0 or int(version) != version):
         raise ValueError(f"version must be a positive integer, got {version!r}")
     if version is not None and os.path.exists(os.path.join(model_base, str(version))):
         raise FileExistsError(f"{os.path.join(model_base, str(version))} exists; versions are never overwritten")
     os.makedirs(model_base, exist_ok=True)
-    if pair is None:
-        pair = head.kind in ("classification", "regression") and is_pair_task(info)
 
-    import keras
-
-    pre = ServingPreprocessor(vocab_file, int(info["max_seq_length"]), bool(info.get("lower_case", True)))
+    pre = ServingPreprocessor(vocab_file, model.max_seq_length, model.lower_case)
     archive = keras.export.ExportArchive()
     archive.track(head)
     archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
-    signatures = _signatures(head, info, pre, pair)
+    signatures = _signatures(head, model, pre)
     if ids_only:  # the first endpoint is also written as serving_default
         signatures = {SERVE_IDS: signatures[SERVE_IDS]}
     for name, (fn, spec) in signatures.items():
         archive.add_endpoint(name, fn, input_signature=spec)
+    report = {"model_name": model_name, "family": model.family, "task": model.task,
+              "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
+              "text_pair": get_family(model.family).text_pair(model), "ids_only": bool(ids_only),
+              "label_names": model.label_names}
+    target = _write_version(archive, report, export_base, model_base, model_name, version)
+    if verbose:
+        print(format_report(target, report))
+    return target
 
-    # Write beside BASE/NAME, then rename into it: a polling server never sees half a model.
+
+def _write_version(archive, report: dict, export_base: str, model_base: str, model_name: str,
+                   version: int | None) -> str:
+    """Writes the archive beside BASE/NAME, completes `report` (signatures, ops, version) into
+    its `assets.extra`, then renames it to BASE/NAME/VERSION: a polling server never sees half a
+    model, and two exports never take the same version."""
     staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
     try:
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
         archive.write_out(staging, verbose=False)
-        report = {
-            "model_name": model_name,
-            "kind": head.kind,
-            "task": info.get("task"),
-            "max_seq_length": pre.max_seq_length,
-            "lower_case": pre.tokenizer.lower_case,
-            "text_pair": bool(pair),
-            "ids_only": bool(ids_only),
-            "label_names": info.get("label_names"),
-            "signatures": _signature_summary(staging),
-            "tensorflow": tf.__version__,
-            "tensorflow_text": tf_text.__version__,
-            **custom_op_report(saved_model_ops(staging)),
-        }
+        report.update({"signatures": _signature_summary(staging), "tensorflow": tf.__version__,
+                       "tensorflow_text": tf_text.__version__,
+                       **custom_op_report(saved_model_ops(staging))})
+        os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
         while True:
             target_version = version if version is not None else next_version(model_base)
             target = os.path.join(model_base, str(target_version))
             report["version"] = target_version
-            os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
             with open(os.path.join(staging, EXPORT_REPORT), "w", encoding="utf-8") as f:
                 json.dump(report, f, indent=2)
                 f.write("\n")
@@ -656,13 +513,10 @@ def export_head(head, info: Mapping[str, Any], vocab_file: str, export_base: str
                     raise FileExistsError(f"{target} exists; versions are never overwritten") from None
                 continue
             os.rename(staging, target)  # replaces the empty folder just made, atomically
-            break
+            return target
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if verbose:
-        print(format_report(target, report))
-    return target
 
 
 def _signature_summary(export_path: str) -> dict:
@@ -681,7 +535,7 @@ def _signature_summary(export_path: str) -> dict:
 
 def format_report(path: str, report: Mapping[str, Any]) -> str:
     ops = ", ".join(f"{o['op']} (TF Text {o['tf_text_introduced']})" for o in report["custom_ops"]) or "none"
-    lines = [f"Exported {report['kind']} model to {path}",
+    lines = [f"Exported {report['family']} model to {path}",
              "  signatures: " + "; ".join(f"{name}({', '.join(sig['inputs'])}) -> {', '.join(sig['outputs'])}"
                                           for name, sig in report["signatures"].items()),
              f"  custom ops: {ops}"]
@@ -704,8 +558,8 @@ def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
                      verbose: bool = True) -> str:
     """Export what `trainer.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
-    from electra_tf.finetune.trainer import load_finetuned
+    from electra_tf.finetune.saving import load_finetuned
 
-    head, info, vocab_file = load_finetuned(model_dir_or_best)
-    return export_head(head, info, vocab_file, export_base, model_name, version=version, pair=pair,
+    head, model, vocab_file = load_finetuned(model_dir_or_best)
+    return export_head(head, model, vocab_file, export_base, model_name, version=version, pair=pair,
                        ids_only=ids_only, verbose=verbose)

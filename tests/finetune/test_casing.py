@@ -14,7 +14,8 @@ from electra_tf.data.tokenizer import WordpieceTokenizer, learn_vocab, write_voc
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.task_data import SentenceExample, Task
-from electra_tf.finetune.trainer import finetune, load_finetuned
+from electra_tf.finetune.saving import load_finetuned
+from electra_tf.finetune.trainer import finetune
 from electra_tf.models import Discriminator
 
 CASED_TEXT = ["Apple sells the apple pie .", "An apple a day , said Apple .",
@@ -115,9 +116,9 @@ def test_finetune_takes_the_checkpoints_casing(tmp_path, cased_vocab):
                       train_path=data, eval_path=data, model_dir=tmp_path / "ft", log=lines.append)
     assert result["lower_case"] is False
     assert any(f"lower_case=False from {run / 'pretraining_config.json'}" in line for line in lines)
-    _, info, vocab = load_finetuned(tmp_path / "ft")
-    assert info["lower_case"] is False
-    tokenizer = WordpieceTokenizer(vocab, lower_case=info["lower_case"])
+    _, model, vocab = load_finetuned(tmp_path / "ft")
+    assert model.lower_case is False
+    tokenizer = WordpieceTokenizer(vocab, lower_case=model.lower_case)
     assert tokenizer.encode("Apple") != tokenizer.encode("apple")
 
     lines = []

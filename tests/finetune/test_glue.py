@@ -296,7 +296,8 @@ def test_binary_mrpc_data_dir_writes_the_submission(glue_data, tmp_path, vocab_f
 
 def test_mnli_evaluates_both_dev_sets_and_writes_three_submissions(glue_data, tmp_path, tiny_config, vocab_file):
     from electra_tf.finetune.config import FinetuningConfig
-    from electra_tf.finetune.trainer import load_finetuned, run_seeds
+    from electra_tf.finetune.saving import load_finetuned
+    from electra_tf.finetune.trainer import run_seeds
 
     fc = FinetuningConfig(num_train_epochs=1, train_batch_size=2, eval_batch_size=4, max_seq_length=32)
     lines = []
@@ -311,7 +312,7 @@ def test_mnli_evaluates_both_dev_sets_and_writes_three_submissions(glue_data, tm
     best = tmp_path / "mnli" / "best"
     assert results["best_model_dir"] == str(best) and results["best_seed"] in (0, 1)
     assert (tmp_path / "mnli" / "seed_0" / "best").is_dir() and (tmp_path / "mnli" / "seed_1" / "best").is_dir()
-    assert load_finetuned(tmp_path / "mnli")[1]["seed"] == results["best_seed"]
+    assert load_finetuned(tmp_path / "mnli")[1].seed == results["best_seed"]
     assert sorted(p.name for p in (best / "submission").iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
     labels = {"entailment", "neutral", "contradiction"}
     assert [i for i, _ in _submission(best / "submission" / "MNLI-mm.tsv")] == ["0", "1"]

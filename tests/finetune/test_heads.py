@@ -22,7 +22,8 @@ from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.heads import (
     SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger, answer_mask)
 from electra_tf.finetune.task_data import QAAnswer, QAExample, SentenceExample, TaggingExample, Task
-from electra_tf.finetune.trainer import _EvalData, evaluate
+from electra_tf.finetune.families import Features
+from electra_tf.finetune.trainer import evaluate
 
 SEQ = 32
 
@@ -35,12 +36,12 @@ def _train(head, features, steps=40, lr=3e-3):
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = head.compute_loss(inputs, head(inputs, training=True))
+            loss = head.compute_loss(inputs, y_pred=head(inputs, training=True))
         grads = tape.gradient(loss, head.trainable_variables)
         optimizer.apply_gradients(zip(grads, head.trainable_variables))
 
     def loss():
-        return float(head.compute_loss(inputs, head(inputs, training=False)))
+        return float(head.compute_loss(inputs, y_pred=head(inputs, training=False)))
 
     before = loss()
     for _ in range(steps):
@@ -70,8 +71,7 @@ def test_classifier_shapes_loss_and_label_round_trip(tiny_config, tokenizer, rt_
     _same_outputs(head, features)
     task = Task("rotten_tomatoes", "classification", ("negative", "positive"))
     fc = FinetuningConfig(max_seq_length=SEQ, eval_batch_size=24)  # 64 = 2 full batches + 16
-    results, records = evaluate(head, task, _EvalData(rt_balanced, features), fc,
-                                label_names=task.label_names)
+    results, records = evaluate(head, task, Features(rt_balanced, features), fc)
     assert len(records) == 64 and [r["id"] for r in records] == [e.eid for e in rt_balanced]
     assert [r["label"] for r in records] == [task.label_names[e.label] for e in rt_balanced]
     logits = np.asarray(head(features)["logits"])
@@ -92,7 +92,7 @@ def test_regressor_learns_scores(tiny_config, tokenizer, rt_balanced):
     before, after = _train(head, features, steps=80)
     assert after < 0.1 * before, (before, after)
     task = Task("regression", "regression")
-    results, records = evaluate(head, task, _EvalData(examples, features), FinetuningConfig(max_seq_length=SEQ))
+    results, records = evaluate(head, task, Features(examples, features), FinetuningConfig(max_seq_length=SEQ))
     assert [r["label"] for r in records] == [e.label for e in examples]
     assert results["pearson"] > 80.0
 
@@ -116,16 +116,16 @@ def test_tagger_learns_first_piece_labels(tiny_config, tokenizer, rt_sentences):
     assert head(features)["logits"].shape == (32, SEQ, 3)
     # Only first pieces count: changing a continuation piece's label leaves the loss unchanged.
     out = head(features)
-    loss = float(head.compute_loss(features, out))
+    loss = float(head.compute_loss(features, y_pred=out))
     continuation = np.argwhere((features["input_mask"] == 1) & (features["label_weights"] == 0))
     changed = dict(features, label_ids=features["label_ids"].copy())
     changed["label_ids"][tuple(continuation.T)] = 2
-    assert float(head.compute_loss(changed, out)) == pytest.approx(loss)
+    assert float(head.compute_loss(changed, y_pred=out)) == pytest.approx(loss)
     before, after = _train(head, features, steps=60)
     assert after < 0.3 * before, (before, after)
     task = Task("tagging", "tagging", TAGS)
-    results, records = evaluate(head, task, _EvalData(examples, features, (features["word_positions"], features["num_words"])),
-                                FinetuningConfig(max_seq_length=SEQ), label_names=TAGS)
+    results, records = evaluate(head, task, Features(examples, features, (features["word_positions"], features["num_words"])),
+                                FinetuningConfig(max_seq_length=SEQ))
     for e, r in zip(examples, records):
         assert r["words"] == list(e.words[: len(r["words"])])
         assert r["label"] == [TAGS[t] for t in e.labels[: len(r["label"])]]
@@ -204,7 +204,7 @@ def test_qa_loss_falls_and_spans_round_trip(tiny_config, tokenizer, qa_examples)
     windows = F.featurize_qa(qa_examples, tokenizer, **kw)
     task = Task("squad2.0", "qa", squad_v2=True)
     fc = FinetuningConfig(max_seq_length=SEQ, max_answer_length=8)
-    results, qa = evaluate(head, task, _EvalData(qa_examples, {
+    results, qa = evaluate(head, task, Features(qa_examples, {
         k: v for k, v in F.qa_windows_to_arrays(windows).items()}, windows), fc)
     # Every candidate is a real span of its context with start <= end.
     by_key = {(w.example_index, w.window_index): w for w in windows}
@@ -223,7 +223,7 @@ def test_squad2_null_answers_follow_the_answerability_logit(tiny_config, tokeniz
     keras.utils.set_random_seed(5)
     head = SpanQuestionAnswerer(tiny_config, beam_size=5)
     windows = F.featurize_qa(qa_examples, tokenizer, max_seq_length=SEQ, max_query_length=8, doc_stride=16)
-    data = _EvalData(qa_examples, F.qa_windows_to_arrays(windows), windows)
+    data = Features(qa_examples, F.qa_windows_to_arrays(windows), windows)
     task = Task("squad2.0", "qa", squad_v2=True)
     fc = FinetuningConfig(max_seq_length=SEQ)
     kernel = head.answer_class.kernel

@@ -22,8 +22,9 @@ from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.heads import SentenceClassifier, SpanQuestionAnswerer
 from electra_tf.finetune.task_data import TaskDataError, rotten_tomatoes_examples
+from electra_tf.finetune.saving import load_finetuned
 from electra_tf.finetune.trainer import (
-    finetune, load_encoder_weights, load_finetuned, run_seeds, summarize, task_from_options)
+    finetune, load_encoder_weights, summarize, task_from_options)
 from electra_tf.models import Discriminator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,11 +111,13 @@ def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
     best_dir = tmp_path / "best"
     assert {p.name for p in best_dir.iterdir()} >= {
         "head_config.json", "config.json", "model.index", "vocab.txt", "predictions.jsonl"}
-    head, info, vocab = load_finetuned(tmp_path)
+    head, model, vocab = load_finetuned(tmp_path)
     assert isinstance(head, SentenceClassifier) and Path(vocab) == best_dir / "vocab.txt"
-    assert (info["head"], info["kind"], info["task"], info["num_labels"], info["label_names"],
-            info["max_seq_length"]) == ("SentenceClassifier", "classification", "rotten_tomatoes", 2,
-                                        ["negative", "positive"], 32)
+    assert (model.head, model.family, model.task, model.num_labels, model.label_names,
+            model.max_seq_length, model.text_pair) == ("SentenceClassifier", "classification",
+                                                       "rotten_tomatoes", 2, ("negative", "positive"), 32, False)
+    saved = json.loads((best_dir / "head_config.json").read_text())
+    assert saved["family"] == "classification" and saved["version"] == 2 and "kind" not in saved
     from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune.trainer import _subsample
 
@@ -172,13 +175,13 @@ def test_finetune_squad2_file_random_init(tmp_path, tiny_config, vocab_file, rt_
     assert set(predictions) == set(null_odds) == qids
     contexts = {q["id"]: p["context"] for p in json.loads(data.read_text())["data"][0]["paragraphs"] for q in p["qas"]}
     assert all(text in contexts[qid] for qid, text in predictions.items())  # "" or a context span
-    head, info, _ = load_finetuned(tmp_path / "run" / "best")
+    head, model, _ = load_finetuned(tmp_path / "run" / "best")
     assert isinstance(head, SpanQuestionAnswerer) and head.beam_size == 5
-    assert info["qa"]["version_2"] is True and info["qa"]["null_score_diff_threshold"] == -2.75
+    assert model.qa.version_2 is True and model.qa.null_score_diff_threshold == -2.75
 
 
 def test_find_finetuned_in_every_layout(tmp_path, monkeypatch):
-    from electra_tf.finetune.trainer import find_finetuned
+    from electra_tf.finetune.saving import find_finetuned
 
     def model(folder):
         folder.mkdir(parents=True)
@@ -251,12 +254,11 @@ def test_bad_inputs_name_file_line_and_field(tmp_path, tiny_config, vocab_file):
 
 def test_truncated_finetuned_checkpoint_names_the_file(tmp_path, tiny_config, vocab_file):
     from electra_tf.finetune.task_data import Task
-    from electra_tf.finetune.trainer import save_finetuned
+    from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 
     head = SentenceClassifier(tiny_config, num_labels=2)
     task = Task("sentiment", "classification", ("neg", "pos"))
-    best = save_finetuned(head, tmp_path / "best", task=task, vocab_file=vocab_file, fc=FC,
-                          label_names=task.label_names)
+    best = save_finetuned(head, tmp_path / "best", describe_finetuned(head, task, FC), vocab_file)
     data = best / "model.data-00000-of-00001"
     with open(data, "r+b") as f:
         f.truncate(data.stat().st_size // 2)
@@ -311,8 +313,8 @@ def test_binary_seeds_median_checkpoint_and_random_init(pretrained_dir, tmp_path
     assert results["best_model_dir"] == str(out / "best") and (out / "best" / "head_config.json").exists()
     assert "median" in proc.stdout and "over 2 seed(s)" in proc.stdout
     assert all(r["init_checkpoint"] == str(folder) for r in results["runs"])
-    head, info, _ = load_finetuned(out)  # the best seed
-    assert info["seed"] == max(results["runs"], key=lambda r: r["best"]["main"])["seed"]
+    head, model, _ = load_finetuned(out)  # the best seed
+    assert model.seed == max(results["runs"], key=lambda r: r["best"]["main"])["seed"]
 
     config = tmp_path / "tiny.json"
     tiny_config.to_json(config)

@@ -21,9 +21,11 @@ from electra_tf.config import ElectraConfig
 from electra_tf.data.tokenizer import WordpieceTokenizer
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
-from electra_tf.finetune.heads import SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger
+from electra_tf.finetune.families import ChoiceExample, get_family
+from electra_tf.finetune.heads import (
+    MultipleChoiceClassifier, SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger)
 from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample, Task, get_task
-from electra_tf.finetune.trainer import save_finetuned
+from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 from electra_tf.serving import export as E
 
 SEQ = 24
@@ -41,6 +43,10 @@ QA = [("what is the movie ?", "The movie was great , not bad . The actor plays w
       ("who plays ?", "An actor plays\u202fthe lead; the story is short."),
       ("which film ?", "Naïve café films are unlikely to play long"),
       ("what ?", "")]
+CHOICES = [("The movie was", ["great !", "a long story .", "not good at all"]),
+           ("an actor plays", ["very well .", "the lead"]),  # two choices: the third is ""
+           ("Naïve café", ["films are unlikely", "play long", "it is bad ."])]
+NAMES = ["classification", "pair", "regression", "tagging", "qa", "multiple_choice"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -90,7 +96,7 @@ class Case:
 
 def _sentence_outputs(head, keras_outputs, label_names):
     """What serving_default answers, from the Keras head's outputs."""
-    if head.kind == "regression":
+    if head.family == "regression":
         return {"score": keras_outputs["predictions"]}
     logits = keras_outputs["logits"]
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
@@ -150,6 +156,24 @@ def _qa_case(head, tokenizer):
     return case
 
 
+def _choice_case(head, tokenizer):
+    examples = [ChoiceExample(i, c, tuple(choices), 0) for i, (c, choices) in enumerate(CHOICES)]
+    task = Task("story_ending", "multiple_choice", text_column="context", text_pair_column="choices")
+    fc = FinetuningConfig(max_seq_length=SEQ)
+    ids = get_family("multiple_choice").featurize(task, examples, tokenizer, fc, training=False).arrays
+    assert ids["input_ids"].shape == (3, 3, SEQ) and not ids["input_mask"][1, 2].any()
+    text_inputs = {"context": [c for c, _ in CHOICES],
+                   "choices": [choices + [""] * (3 - len(choices)) for _, choices in CHOICES]}
+    case = Case("multiple_choice", head, task, fc, None, text_inputs, ids)
+    logits = case.keras["logits"]
+    probabilities = np.exp(logits - logits.max(-1, keepdims=True))
+    probabilities /= probabilities.sum(-1, keepdims=True)
+    choice = probabilities.argmax(-1)
+    case.expected = {"probabilities": probabilities, "choice": choice.astype(np.int32),
+                     "answer": np.array([CHOICES[i][1][c] for i, c in enumerate(choice)], object)}
+    return case
+
+
 @pytest.fixture(scope="module")
 def cases(vocab_file, tokenizer):
     config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab_file)
@@ -162,6 +186,7 @@ def cases(vocab_file, tokenizer):
         "regression": SentenceRegressor(config),
         "tagging": TokenTagger(config, num_labels=3),
         "qa": SpanQuestionAnswerer(config, beam_size=6),
+        "multiple_choice": MultipleChoiceClassifier(config),
     }
     for seed, head in enumerate(heads.values()):
         _amplify(head, seed)
@@ -172,6 +197,7 @@ def cases(vocab_file, tokenizer):
         "regression": _sentence_case("regression", heads["regression"], get_task("sts-b"), tokenizer, None),
         "tagging": _tagging_case(heads["tagging"], tokenizer, tags),
         "qa": _qa_case(heads["qa"], tokenizer),
+        "multiple_choice": _choice_case(heads["multiple_choice"], tokenizer),
     }
 
 
@@ -185,8 +211,8 @@ def finetuned(cases, vocab_file, tmp_path_factory):
     """Each head saved by the trainer's `save_finetuned` (a model_dir with best/ in it)."""
     root = tmp_path_factory.mktemp("finetuned")
     for name, case in cases.items():
-        save_finetuned(case.head, root / name / "best", task=case.task, vocab_file=vocab_file,
-                       fc=case.fc, label_names=case.label_names)
+        save_finetuned(case.head, root / name / "best", describe_finetuned(case.head, case.task, case.fc),
+                       vocab_file)
     return root
 
 
@@ -336,10 +362,10 @@ def test_pack_qa_equals_first_window_of_featurize_qa(vocab_file, tokenizer):
 
 def test_fresh_process_imports_only_tensorflow_and_text(fresh_process):
     assert fresh_process["electra_tf_imported"] is False
-    assert set(fresh_process["models"]) == {"classification", "pair", "regression", "tagging", "qa"}
+    assert set(fresh_process["models"]) == set(NAMES)
 
 
-@pytest.mark.parametrize("name", ["classification", "pair", "regression", "tagging", "qa"])
+@pytest.mark.parametrize("name", NAMES)
 def test_serve_ids_equals_keras(fresh_process, cases, name):
     got = fresh_process["models"][name]["serve_ids"]
     assert set(got) == set(cases[name].keras)
@@ -347,7 +373,7 @@ def test_serve_ids_equals_keras(fresh_process, cases, name):
         np.testing.assert_allclose(np.array(got[key]), want, atol=2e-4, rtol=1e-4, err_msg=key)
 
 
-@pytest.mark.parametrize("name", ["classification", "pair", "regression", "tagging", "qa"])
+@pytest.mark.parametrize("name", NAMES)
 def test_serving_default_equals_keras(fresh_process, cases, name):
     got = fresh_process["models"][name]["serving_default"]
     want = dict(cases[name].expected)
@@ -431,6 +457,83 @@ def test_sentence_signature_specs(exports, name):
     assert fn.structured_outputs == outputs
 
 
+def _ids_inputs(seq=None):
+    return {k: ([None, seq], "int32") for k in E.INPUT_KEYS}
+
+
+# Every export's two signatures: input and output names, shapes and dtypes. Read from the exports
+# the exporter wrote before the task families took over the signatures (one `_signatures`
+# function branching on the head's kind); multiple choice is new.
+SIGNATURES = {
+    "classification": {
+        "serving_default": ({"text": ([None], "string")},
+                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32")}),
+        "serve_ids": (_ids_inputs(), {"logits": ([None, 2], "float32")})},
+    "pair": {
+        "serving_default": ({"text": ([None], "string"), "text_pair": ([None], "string")},
+                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32")}),
+        "serve_ids": (_ids_inputs(), {"logits": ([None, 2], "float32")})},
+    "regression": {
+        "serving_default": ({"text": ([None], "string"), "text_pair": ([None], "string")},
+                            {"score": ([None], "float32")}),
+        "serve_ids": (_ids_inputs(), {"predictions": ([None], "float32")})},
+    "tagging": {
+        "serving_default": ({"text": ([None], "string")},
+                            {"labels": ([None, None], "string"), "num_words": ([None], "int32")}),
+        "serve_ids": (_ids_inputs(), {"logits": ([None, None, 3], "float32")})},
+    "qa": {
+        "serving_default": ({"question": ([None], "string"), "context": ([None], "string")},
+                            {"answer": ([None], "string"), "start": ([None], "int32"), "end": ([None], "int32"),
+                             "score": ([None], "float32"), "no_answer_score": ([None], "float32")}),
+        "serve_ids": (_ids_inputs(QA_SEQ),
+                      {"start_logits": ([None, QA_SEQ], "float32"), "start_top_index": ([None, 6], "int32"),
+                       "end_logits": ([None, 6, QA_SEQ], "float32"), "answerable_logits": ([None], "float32")})},
+    "multiple_choice": {
+        "serving_default": ({"context": ([None], "string"), "choices": ([None, None], "string")},
+                            {"probabilities": ([None, None], "float32"), "choice": ([None], "int32"),
+                             "answer": ([None], "string")}),
+        "serve_ids": ({k: ([None, None, None], "int32") for k in E.INPUT_KEYS},
+                      {"logits": ([None, None], "float32")})},
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_signature_structure_of_every_family(exports, name):
+    """Names, shapes and dtypes of both signatures, as loaded by TensorFlow (a tensor's name is
+    its key)."""
+    import tensorflow_text  # noqa: F401
+
+    def described(specs):
+        assert all(spec.name == key for key, spec in specs.items())
+        return {key: (spec.shape.as_list(), spec.dtype.name) for key, spec in specs.items()}
+
+    loaded = tf.saved_model.load(exports[name])
+    assert {k for k in loaded.signatures.keys()} == {"serving_default", "serve_ids"}
+    for signature, (inputs, outputs) in SIGNATURES[name].items():
+        fn = loaded.signatures[signature]
+        args, kwargs = fn.structured_input_signature
+        assert args == () and described(kwargs) == inputs, signature
+        assert described(fn.structured_outputs) == outputs, signature
+
+
+def test_a_version_1_head_config_exports_as_before(finetuned, tmp_path):
+    """`head_config.json` of version 1 ("kind", no lower_case, no text_pair) of a predefined pair
+    task: exported uncased, with `text_pair` (the task's), the same signatures."""
+    import shutil
+
+    shutil.copytree(finetuned / "pair", tmp_path / "pair")
+    path = tmp_path / "pair" / "best" / "head_config.json"
+    values = json.loads(path.read_text())
+    values.update(kind=values.pop("family"), version=1)
+    del values["lower_case"], values["text_pair"]
+    path.write_text(json.dumps(values))
+    export = E.export_finetuned(str(tmp_path / "pair"), str(tmp_path / "export"), "old", verbose=False)
+    report = json.load(open(os.path.join(export, E.EXPORT_REPORT)))
+    assert (report["family"], report["task"], report["lower_case"], report["text_pair"]) == (
+        "classification", "mrpc", True, True)
+    assert report["signatures"]["serving_default"]["inputs"] == {"text": "string[?]", "text_pair": "string[?]"}
+
+
 def _padded_widths(export_path):
     """The widths `serving_default`'s text packing pads to (-1: the longest row): the constant
     shapes given to RaggedTensorToTensor in the serve_text function of the SavedModel."""
@@ -452,7 +555,7 @@ def _padded_widths(export_path):
 def test_sentence_exports_pad_to_the_longest_row(exports):
     """What the served answers cannot show: the sentence signatures pad to the batch's longest
     row, while tagging and QA keep max_seq_length (their outputs are laid out on it)."""
-    for name in ("classification", "pair", "regression"):
+    for name in ("classification", "pair", "regression", "multiple_choice"):
         assert _padded_widths(exports[name]) == {-1}, name
     assert SEQ in _padded_widths(exports["tagging"])
     assert QA_SEQ in _padded_widths(exports["qa"])
@@ -613,9 +716,8 @@ def test_export_follows_the_vocabularys_casing(tmp_path):
         head = SentenceClassifier(config, num_labels=2)
         _amplify(head, 7)
         task = Task("company", "classification", ("fruit", "firm"))
-        save_finetuned(head, tmp_path / name / "best", task=task, vocab_file=vocab,
-                       fc=FinetuningConfig(max_seq_length=SEQ), label_names=task.label_names,
-                       lower_case=lower_case)
+        model = describe_finetuned(head, task, FinetuningConfig(max_seq_length=SEQ), lower_case=lower_case)
+        save_finetuned(head, tmp_path / name / "best", model, vocab)
         path = E.export_finetuned(str(tmp_path / name), str(tmp_path / "export"), name, verbose=False)
         report = json.load(open(os.path.join(path, E.EXPORT_REPORT)))
         assert report["lower_case"] is lower_case

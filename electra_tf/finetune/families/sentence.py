@@ -1,0 +1,176 @@
+"""Sentence (pair) classification and regression: GLUE, Rotten Tomatoes, custom CSV/TSV/JSONL.
+
+The authors' `finetune/classification/classification_tasks.py` (`ClassificationTask`,
+`RegressionTask`): `[CLS] A [SEP] (B [SEP])` with longest-first pair truncation
+(`features.featurize_sentences`), the [CLS] state into a dense layer (`heads.SentenceClassifier`,
+`heads.SentenceRegressor`). GLUE test sets are written in the submission format (`glue.py`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from electra_tf.finetune import features as F
+from electra_tf.finetune import glue, task_data
+from electra_tf.finetune.families.base import (
+    Features, TaskFamily, label_names, register_family, softmax, string_specs)
+from electra_tf.finetune.task_data import SentenceExample
+
+
+class SentenceFamily(TaskFamily):
+    """What classification and regression share: one text or a pair, the [CLS] state, one
+    prediction per example."""
+
+    def read_file(self, task, path):
+        return task_data.read_sentence_file(task, path, self.row_label)
+
+    def row_label(self, task, loc: str, row):
+        """The label of a CSV/TSV/JSONL row."""
+        raise NotImplementedError
+
+    def tfds_label(self, value):
+        raise NotImplementedError
+
+    def example_from_tfds(self, task, eid, record):
+        text = task_data.decode(record[task.text_column])
+        pair = task_data.decode(record[task.text_pair_column]) if task.text_pair_column is not None else None
+        return SentenceExample(eid, text, pair, self.tfds_label(record["label"]))
+
+    def featurize(self, task, examples, tokenizer, fc, training):
+        return Features(list(examples), F.featurize_sentences(examples, tokenizer, fc.max_seq_length))
+
+    def head_options(self, task, fc):
+        return {"dropout": fc.dropout}
+
+    def predictions(self, outputs: dict) -> np.ndarray:
+        """Class ids [N] or scores [N] from the head's outputs."""
+        raise NotImplementedError
+
+    def write_submission(self, task, path, data, outputs):
+        return glue.write_submission(path, glue.GLUE_TASKS[task.name], data.examples,
+                                     self.predictions(outputs))
+
+    # --- saved model and serving ------------------------------------------------------------
+
+    def saved_fields(self, task, fc):
+        return {"text_pair": task.text_pair_column is not None}
+
+    def text_pair(self, model) -> bool:
+        """As recorded; a model saved before `text_pair` was: as the predefined task, else single."""
+        if model.text_pair is not None:
+            return model.text_pair
+        if not model.task:
+            return False
+        try:
+            return task_data.get_task(model.task).text_pair_column is not None
+        except ValueError:
+            return False
+
+    def served_outputs(self, head, model):
+        """The head's outputs -> the text signature's outputs."""
+        raise NotImplementedError
+
+    def serving_signature(self, head, model, pre):
+        """`text` (and `text_pair` for a pair task) -> the family's outputs.
+
+        A batch is padded to its longest row (at most max_seq_length), not to max_seq_length as
+        training did. The encoder's cost grows with the sequence length (linearly in the dense
+        layers, quadratically in attention), and a Rotten Tomatoes sentence is ~25 pieces:
+        padded to 128 every request did ~5x the work it needs. The outputs do not change: the
+        head reads the [CLS] state alone, a [PAD] key gets -10000 on its attention score, so its
+        softmax weight is exactly 0 in float32 and no real token's state depends on how many
+        pads follow; what differs is the order of float sums (logits within 1e-6 on
+        ELECTRA-Small and -Base). A server that merges requests into one batch pads them to the
+        longest of the merged rows. The encoder takes any length up to max_position_embeddings
+        (it slices the position embeddings to the input), and the signature runs as a plain
+        tf.function, not XLA, so a new length is no retrace and no compilation. The outputs
+        have no sequence axis, so the signature's shapes are those of max_seq_length padding.
+        """
+        answer = self.served_outputs(head, model)
+        if self.text_pair(model):
+            def serve_text(text, text_pair):
+                return answer(head(pre.pack_sentences(text, text_pair, pad_to_longest=True), training=False))
+            return serve_text, string_specs("text", "text_pair")
+
+        def serve_text(text):
+            return answer(head(pre.pack_sentences(text, pad_to_longest=True), training=False))
+        return serve_text, string_specs("text")
+
+
+@register_family
+class SentenceClassification(SentenceFamily):
+    """Single-sentence and pair classification (CoLA, SST-2, MRPC, QQP, MNLI, QNLI, RTE, WNLI,
+    Rotten Tomatoes). Served: `text` (+ `text_pair`) -> `probabilities` float32
+    [B, num_labels], `label` string [B]."""
+
+    name = "classification"
+    head = "SentenceClassifier"
+    has_label_names = True
+
+    def row_label(self, task, loc, row):
+        return task_data.class_label(task, loc, row)
+
+    def tfds_label(self, value):
+        label = int(value)
+        return None if label < 0 else label  # GLUE test splits carry label -1
+
+    def labels_in_file(self, task, path):
+        return {task_data.raw_label(loc, row, task.label_column) for loc, row in task_data.rows(task, path)}
+
+    def head_options(self, task, fc):
+        return {"num_labels": task.num_labels, **super().head_options(task, fc)}
+
+    def predictions(self, outputs):
+        return outputs["logits"].argmax(-1)
+
+    def evaluate(self, task, data, outputs, fc):
+        names = task.label_names
+        probabilities = softmax(outputs["logits"])
+        predictions = probabilities.argmax(-1)
+        labels = np.array([e.label for e in data.examples])
+        results = self.metrics(task).compute(labels, predictions)
+        records = [{"id": e.eid, "prediction": names[p], "label": names[e.label],
+                    "probabilities": [round(float(x), 6) for x in row]}
+                   for e, p, row in zip(data.examples, predictions, probabilities)]
+        return results, records
+
+    def served_outputs(self, head, model):
+        import tensorflow as tf
+
+        names = tf.constant(label_names(model, head))
+
+        def answer(outputs):
+            probabilities = tf.nn.softmax(outputs["logits"], axis=-1)
+            return {"probabilities": probabilities,
+                    "label": tf.gather(names, tf.argmax(probabilities, axis=-1))}
+        return answer
+
+
+@register_family
+class SentenceRegression(SentenceFamily):
+    """A score per sentence (pair), e.g. STS-B's similarity. Served: `text` (+ `text_pair`) ->
+    `score` float32 [B]."""
+
+    name = "regression"
+    head = "SentenceRegressor"
+
+    def row_label(self, task, loc, row):
+        return task_data.regression_label(task, loc, row)
+
+    def tfds_label(self, value):
+        return float(value)
+
+    def predictions(self, outputs):
+        return outputs["predictions"]
+
+    def evaluate(self, task, data, outputs, fc):
+        predictions = outputs["predictions"]
+        labels = np.array([e.label for e in data.examples], np.float64)
+        results = self.metrics(task).compute(labels, predictions)
+        records = [{"id": e.eid, "prediction": float(p), "label": float(e.label)}
+                   for e, p in zip(data.examples, predictions)]
+        return results, records
+
+    def served_outputs(self, head, model):
+        return lambda outputs: {"score": outputs["predictions"]}
+
