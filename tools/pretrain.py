@@ -1,27 +1,46 @@
-"""Pretrains ELECTRA from TFRecord shards (electra-pretrain).
+r"""Pretrains ELECTRA from TFRecord shards (electra-pretrain).
 
   electra-pretrain --config=electra_small --data='data/pretrain/pretrain_data.tfrecord-*' \
       --model_dir=runs/small [--vocab_file=vocab.txt] [--strategy=mirrored] [--override k=v]
+  electra-pretrain --init_checkpoint=electra_small_release/ --data=... --model_dir=runs/more
 
 Unset hyperparameter flags take the paper's values for the config's size (Small: lr 5e-4,
 batch 128, 1M steps, length 128; Base: 2e-4 / 256 / 766K / 512; Large: 2e-4 / 2048 / 400K / 512;
-warmup 10,000). Rerunning the same command resumes from the newest checkpoint that reads back (a
-damaged one is named and skipped). A resumed run may change only the steps and the intervals
-(see --model_dir and --allow_config_change); another config is refused before anything is
-written. Every shard is checked before step 1 (--check_shards). SIGTERM saves a checkpoint at the
-next loop boundary and exits 0; bad input (a damaged shard, another run's folder) and a NaN/Inf
-loss exit 1 with one line naming the file, field or step. See electra_tf/training/pretraining.py.
+warmup 10,000). The manifest.json electra-build-data writes beside the shards gives the sequence
+length, vocab_size and special token ids (a flag or --vocab_file that contradicts it is refused);
+shards without one (the authors' tool's) need --vocab_file unless built with the BERT uncased
+vocabulary. --init_checkpoint continues pretraining from released or earlier weights (TF1,
+Hugging Face or electra_tf; the model config and vocabulary come from it) with a fresh optimizer
+at step 0. --gradient_accumulation_steps=N splits each step's --train_batch_size examples into N
+micro-batches (the same update, the memory of one micro-batch). Rerunning the same command
+resumes from the newest checkpoint in --model_dir that reads back (a damaged one is named and
+skipped; --init_checkpoint is then ignored). A resumed run may change only the steps, the
+intervals and the micro-batches (see --model_dir and --allow_config_change); another config is
+refused before anything is written. Every shard is checked before step 1 (--check_shards).
+SIGTERM saves a checkpoint at the next loop boundary and exits 0; bad input (a damaged shard,
+another run's folder, a flag that contradicts the manifest or the checkpoint) and a NaN/Inf loss
+exit 1 with one line naming the file, field or step. See electra_tf/training/pretraining.py and
+electra_tf/training/run_setup.py.
 """
 
 import sys
 
 from absl import app, flags, logging
 
-from electra_tf.config import ElectraConfig
-from electra_tf.training import pretraining, strategy as strategy_lib
+from electra_tf import cli
 
-_CONFIG = flags.DEFINE_string("config", "electra_small",
-                              "Model config: a configs/*.json name or a path.")
+# The library's choices (strategy.STRATEGIES, pretraining.OPTIMIZERS, .MIXED_PRECISION,
+# .RESUME_ON_REQUEST_FIELDS), spelled out so that --help answers without importing TensorFlow;
+# tests/training/test_run_setup.py checks that they agree.
+STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
+OPTIMIZERS = ("adamw", "lamb")
+MIXED_PRECISION = ("none", "float16", "bfloat16")
+RESUME_ON_REQUEST_FIELDS = ("learning_rate", "num_warmup_steps", "weight_decay", "clip_norm",
+                            "adam_beta_2")
+
+_CONFIG = flags.DEFINE_string(
+    "config", "electra_small", "Model config: a configs/*.json name or a path. With "
+    "--init_checkpoint the checkpoint's config is used; a --config given too must have its sizes.")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "key=value overrides of the model config.")
 _DATA = flags.DEFINE_string("data", None, "Glob(s) of pretraining TFRecord shards.", required=True)
 _MODEL_DIR = flags.DEFINE_string(
@@ -29,29 +48,50 @@ _MODEL_DIR = flags.DEFINE_string(
     "the run recorded in its pretraining_config.json: the same model config and flags, except "
     "--num_train_steps (extends the run; the learning rate then decays to 0 at the new end), "
     "--steps_per_loop, --save_checkpoints_steps, --keep_checkpoint_max, --summary_steps, "
-    "--jit_compile, --data, --vocab_file (same vocab), --strategy, the shard flags and the "
+    "--jit_compile, --gradient_accumulation_steps, --data, --vocab_file (same vocab), "
+    "--init_checkpoint (ignored then), --strategy, the shard flags and the "
     "settings named in --allow_config_change.",
     required=True)
-_VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab: sets the special token ids "
-                             "and vocab_size, and is copied next to the exported discriminator.")
-_STRATEGY = flags.DEFINE_enum("strategy", "one_device", list(strategy_lib.STRATEGIES),
+_VOCAB = flags.DEFINE_string(
+    "vocab_file", None, "WordPiece vocab: sets the special token ids and vocab_size, and is copied "
+    "next to the exported discriminator. Default: the --init_checkpoint's vocab.txt, else the one "
+    "the shards' manifest.json names (its ids are used even when the file has moved). Must be the "
+    "vocab the shards were built with (the manifest's sha256).")
+_INIT = flags.DEFINE_string(
+    "init_checkpoint", None, "Continue pretraining from these weights: a TF1 checkpoint or "
+    "released archive folder, a Hugging Face folder (a pretrainer with discriminator/ and "
+    "generator/, or a discriminator: see --init_generator), or an electra_tf pretraining "
+    "model_dir. The optimizer starts at step 0 with its own warmup. Without a generator in it, "
+    "the generator starts from random weights, sharing the loaded embeddings. Ignored (with a "
+    "warning) when --model_dir already has checkpoints: the run resumes from those.")
+_INIT_GEN = flags.DEFINE_string(
+    "init_generator", None, "The Hugging Face generator folder that goes with a discriminator "
+    "folder given as --init_checkpoint (e.g. electra-small-generator with "
+    "electra-small-discriminator).")
+_STRATEGY = flags.DEFINE_enum("strategy", "one_device", list(STRATEGIES),
                               "tf.distribute strategy.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name or grpc:// address (--strategy=tpu).")
 _NUM_GPUS = flags.DEFINE_integer("num_gpus", 0, "GPUs for --strategy=mirrored (0: all).")
-_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global batch size.")
+_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global batch size of one optimizer "
+                              "step (over all replicas and micro-batches).")
+_ACCUMULATE = flags.DEFINE_integer(
+    "gradient_accumulation_steps", None, "Micro-batches per optimizer step (default 1): each "
+    "replica computes its share of --train_batch_size in this many slices and applies their "
+    "summed gradient once; the update is the whole batch's. Must divide the per-replica batch.")
 _STEPS = flags.DEFINE_integer("num_train_steps", None, "Total optimizer steps.")
 _LR = flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
 _WARMUP = flags.DEFINE_integer("num_warmup_steps", None, "Linear warmup steps.")
-_MAX_LEN = flags.DEFINE_integer("max_seq_length", None, "The shards' sequence length.")
+_MAX_LEN = flags.DEFINE_integer("max_seq_length", None, "The shards' sequence length. Default: "
+                                "the shards' manifest.json, else the paper's for the size.")
 _PER_LOOP = flags.DEFINE_integer("steps_per_loop", None, "Steps per tf.function call.")
 _SAVE = flags.DEFINE_integer("save_checkpoints_steps", None, "Checkpoint interval in steps.")
 _KEEP = flags.DEFINE_integer("keep_checkpoint_max", None, "Checkpoints to keep.")
 _SUMMARY = flags.DEFINE_integer("summary_steps", None, "TensorBoard summary interval in steps.")
-_OPTIMIZER = flags.DEFINE_enum("optimizer", None, list(pretraining.OPTIMIZERS), "Optimizer.")
+_OPTIMIZER = flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "Optimizer.")
 _BETA_2 = flags.DEFINE_float("adam_beta_2", None, "Adam's beta_2 (0.999); 0.98 for runs of a "
                              "few hundred steps (see the README's short-run section).")
 _JIT = flags.DEFINE_bool("jit_compile", None, "XLA-compile the train step.")
-_MIXED = flags.DEFINE_enum("mixed_precision", None, list(pretraining.MIXED_PRECISION),
+_MIXED = flags.DEFINE_enum("mixed_precision", None, list(MIXED_PRECISION),
                            "Mixed precision policy.")
 _SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.")
 _TIMEOUT = flags.DEFINE_float("strategy_timeout", 30.0, "Seconds to reach a TPU.")
@@ -63,7 +103,7 @@ _SKIP_CORRUPT = flags.DEFINE_bool(
     "of failing; the records skipped are logged and summarised (data/corrupt_records_skipped).")
 _ALLOW_CHANGE = flags.DEFINE_list(
     "allow_config_change", [], "When resuming, let these optimizer settings differ from the run "
-    f"so far: any of {', '.join(pretraining.RESUME_ON_REQUEST_FIELDS)} (e.g. a lower "
+    f"so far: any of {', '.join(RESUME_ON_REQUEST_FIELDS)} (e.g. a lower "
     "--learning_rate after a NaN).")
 
 # Flag -> PretrainingConfig field; a flag left unset keeps the paper default.
@@ -72,39 +112,42 @@ _CONFIG_FLAGS = {
     "num_warmup_steps": _WARMUP, "max_seq_length": _MAX_LEN, "steps_per_loop": _PER_LOOP,
     "save_checkpoints_steps": _SAVE, "keep_checkpoint_max": _KEEP, "summary_steps": _SUMMARY,
     "optimizer": _OPTIMIZER, "jit_compile": _JIT, "mixed_precision": _MIXED, "seed": _SEED,
-    "adam_beta_2": _BETA_2,
+    "adam_beta_2": _BETA_2, "gradient_accumulation_steps": _ACCUMULATE,
 }
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    from electra_tf.training import pretraining, run_setup
+    from electra_tf.training import strategy as strategy_lib
+
     try:
-        model_config = ElectraConfig.from_json(_CONFIG.value)
-        if _VOCAB.value:
-            model_config = model_config.with_vocab(_VOCAB.value)
-        model_config = model_config.with_overrides(_OVERRIDE.value)
-        config = pretraining.PretrainingConfig.for_model_size(
-            _CONFIG.value, **{k: f.value for k, f in _CONFIG_FLAGS.items() if f.value is not None})
+        setup = run_setup.resolve_run(
+            _DATA.value, config_name=_CONFIG.value, config_given=flags.FLAGS["config"].present,
+            overrides=_OVERRIDE.value, vocab_file=_VOCAB.value,
+            run_values={k: f.value for k, f in _CONFIG_FLAGS.items() if f.value is not None},
+            init_checkpoint=_INIT.value, init_generator=_INIT_GEN.value)
         strategy = strategy_lib.create_strategy(_STRATEGY.value, tpu=_TPU.value,
                                                 num_gpus=_NUM_GPUS.value,
                                                 timeout_seconds=_TIMEOUT.value)
-    except (ValueError, strategy_lib.StrategyError) as e:
+    except (ValueError, OSError, strategy_lib.StrategyError) as e:
         logging.error("%s", e)
         sys.exit(f"error: {e}")
     flag_values = {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])}
     try:
         result = pretraining.run_pretraining(
-            model_config, config, _DATA.value, _MODEL_DIR.value, strategy,
-            vocab_file=_VOCAB.value, flags=flag_values, check_shards=_CHECK_SHARDS.value,
-            skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value)
+            setup.model_config, setup.config, _DATA.value, _MODEL_DIR.value, strategy,
+            vocab_file=setup.vocab_file, flags=flag_values, check_shards=_CHECK_SHARDS.value,
+            skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value,
+            init=setup.init, run_facts=setup.record)
     except pretraining.USER_ERRORS as e:
         sys.exit(f"error: {e}")
     logging.info("Done at step %d%s", result.step, " (preempted)" if result.preempted else "")
 
 
 def run():
-    app.run(main)
+    cli.run(main, __name__)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ Two parts:
      hash, max_seq_length, seed, num_shards, lower_case, max_line_bytes). A rerun with the same
      config skips shards that have their final name and deletes stale temp files; a rerun with a
      different config into the same directory is refused.
-  4. `manifest.json` is written last: config, per-shard example/token counts, totals.
+  4. `manifest.json` is written last: config, per-shard example/token counts, totals, and what
+     a pretraining run needs to read the shards right: `max_seq_length`, `vocab_sha256`,
+     `vocab_size`, the `special_ids` found in the vocab and `lower_case` (`RUN_FIELDS`;
+     `electra-pretrain` takes them from it, see `manifest_for_shards`).
   5. Stopping. SIGTERM or SIGINT makes the builder stop its workers (each deletes the temp file
      of the shard it was writing), delete any temp file left, and raise `BuildInterrupted`:
      finished shards stay and a rerun resumes. Workers ignore SIGINT (a terminal's Ctrl-C reaches
@@ -54,7 +57,7 @@ import random
 import signal
 import threading
 import time
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 from absl import logging
@@ -806,6 +809,74 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
                  manifest["num_examples"], manifest["num_tokens"], num_shards,
                  config.output_dir)
     return manifest
+
+
+# What a pretraining run takes from manifest.json (and checks its flags and vocab against).
+RUN_FIELDS = ("max_seq_length", "vocab_sha256", "vocab_size", "special_ids", "lower_case")
+
+
+class ShardManifest(NamedTuple):
+    """The manifest describing a set of shards (`manifest_for_shards`).
+
+    values: the manifest's `RUN_FIELDS`.
+    path: the manifest.json read (the first, when several folders agree).
+    vocab_file: the vocab file the shards were built with, as the manifest names it (it may
+      have moved since: check `vocab_sha256` before using it).
+    folders_without: folders of matched shards that have no manifest.json.
+    """
+
+    values: dict
+    path: str
+    vocab_file: str | None
+    folders_without: tuple
+
+
+def read_manifest(folder: str) -> dict | None:
+    """`folder`/manifest.json, or None when there is none (the authors' tool writes none).
+
+    Raises BadInputError naming the file when it is not JSON or lacks a `RUN_FIELDS` field.
+    """
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadInputError(f"{path}: unreadable shard manifest ({e})") from None
+    missing = [k for k in RUN_FIELDS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise BadInputError(f"{path}: shard manifest without {', '.join(missing)} (written by an "
+                            "older electra-build-data? rebuild, or move it aside to read the "
+                            "shards without it)")
+    return manifest
+
+
+def manifest_for_shards(files: Sequence[str]) -> ShardManifest | None:
+    """The manifest.json beside `files` (shard paths), or None when no folder of them has one.
+
+    Shards from several folders are one data set only if their manifests agree on every
+    `RUN_FIELDS` field; BadInputError names both manifests and the first field that differs.
+    Folders without a manifest (shards of the authors' tool) are listed, not refused.
+    """
+    found, without = {}, []
+    for folder in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
+        manifest = read_manifest(folder)
+        if manifest is None:
+            without.append(folder)
+        else:
+            found[os.path.join(folder, MANIFEST)] = manifest
+    if not found:
+        return None
+    (first, manifest), *others = found.items()
+    for path, other in others:
+        for key in RUN_FIELDS:
+            if other[key] != manifest[key]:
+                raise BadInputError(f"the shards come from builds that differ: {key} is "
+                                    f"{manifest[key]!r} in {first} but {other[key]!r} in {path}; "
+                                    "pretrain on one of them")
+    return ShardManifest({k: manifest[k] for k in RUN_FIELDS}, first, manifest.get("vocab_file"),
+                         tuple(without))
 
 
 def iter_text_lines(inputs: Sequence[str], max_lines: int = 0,

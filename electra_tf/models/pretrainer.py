@@ -14,6 +14,8 @@ The paper's Table 5 variants are selected by `config.objective`:
                   p(x_t) = D * [x_t == input_t] + (1 - D) * softmax(x_t), D = sigmoid(head).
   mlm             the BERT baseline: MLM on [MASK]ed inputs with the generator-style tied head,
                   no generator at all.
+  electric        Electric (Clark et al., EMNLP 2020): a two-tower cloze generator and the
+                  noise-contrastive discriminator loss; see models/electric.py.
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from __future__ import annotations
 import keras
 import tensorflow as tf
 
-from electra_tf.config import ElectraConfig
 from electra_tf.models import masking
 from electra_tf.models.discriminator import Discriminator
-from electra_tf.models.encoder import Embeddings, _as_config
+from electra_tf.models.encoder import Embeddings, as_electra_config, register
 from electra_tf.models.generator import Generator, gather_positions
 
 _USES_GENERATOR = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm")
@@ -62,6 +63,7 @@ def mlm_loss_terms(logits, labels, weights, global_total):
     return weighted_mean(losses, weights, global_total), correct
 
 
+@register
 class ElectraPretrainer(keras.Model):
     """Generator and discriminator with the replaced-token-detection objective.
 
@@ -73,22 +75,30 @@ class ElectraPretrainer(keras.Model):
     >>> pretrainer = ElectraPretrainer(ElectraConfig.from_json("electra_tiny"))
     >>> pretrainer.compile(optimizer=keras.optimizers.Adam(1e-3))
     >>> pretrainer.fit(dataset, steps_per_epoch=10)  # dicts of input_ids/input_mask/segment_ids
+    >>> pretrainer.save("pretrainer.keras")  # weights, optimizer state, the seed
+    >>> pretrainer = keras.saving.load_model("pretrainer.keras")  # shared embeddings re-tied
     """
 
     def __init__(self, config, seed: int = 0, **kwargs):
         kwargs.setdefault("name", "electra_pretrainer")
         super().__init__(**kwargs)
-        self.config = c = _as_config(config)
+        self.config = c = as_electra_config(config)
         self.seed = int(seed)
         objective = c.objective
         # --- layers ---
         embeddings = Embeddings(c, dtype=self.dtype_policy)
         self.discriminator = Discriminator(
             c, embeddings=embeddings, dtype=self.dtype_policy,
-            rtd_head=objective in ("electra", "electra_15", "all_tokens_mlm"),
+            rtd_head=objective in ("electra", "electra_15", "all_tokens_mlm", "electric"),
             mlm_head=objective in ("replace_mlm", "all_tokens_mlm", "mlm"))
         self.generator = None
-        if objective in _USES_GENERATOR:
+        if objective == "electric":
+            from electra_tf.models.electric import TwoTowerClozeGenerator  # it imports this module
+
+            shared = embeddings if c.embedding_sharing == "embeddings" else None
+            self.generator = TwoTowerClozeGenerator(c.generator_config(), embeddings=shared,
+                                                    dtype=self.dtype_policy)
+        elif objective in _USES_GENERATOR:
             gen_config = c.generator_config()
             if c.embedding_sharing == "all":
                 self.generator = Generator(
@@ -113,6 +123,10 @@ class ElectraPretrainer(keras.Model):
 
     def _metric_names(self):
         objective = self.config.objective
+        if objective == "electric":
+            from electra_tf.models.electric import METRIC_NAMES
+
+            return list(METRIC_NAMES)
         names = []
         if self.generator is not None:
             names += ["mlm_loss", "mlm_accuracy", "sampled_accuracy"]
@@ -133,35 +147,74 @@ class ElectraPretrainer(keras.Model):
     def call(self, inputs, training=False):
         return self.compute_objective(inputs, tf.constant([self.seed, 0], tf.int64), training)
 
-    def compute_objective(self, features, seed, training=True):
+    def _mask(self, input_ids, input_mask, seed):
+        c = self.config
+        return masking.mask_tokens(
+            input_ids, input_mask, seed, mask_prob=c.mask_prob,
+            num_slots=c.num_masked_slots(input_ids.shape[1]), mask_token_id=c.mask_token_id,
+            special_ids=(c.cls_token_id, c.sep_token_id, c.mask_token_id))
+
+    def _local_totals(self, batch, input_mask):
+        """float32 [2]: this batch's live masked slots and its tokens weighted in the
+        discriminator-side terms (the masked ones for electra_15, else the real ones)."""
+        if self.config.objective == "electra_15":
+            token_weights = tf.cast(batch.is_masked, tf.int32)
+        else:
+            token_weights = input_mask
+        return tf.stack([tf.reduce_sum(batch.weights),
+                         tf.reduce_sum(tf.cast(token_weights, tf.float32))]), token_weights
+
+    def loss_totals(self, features, seed):
+        """float32 [2]: the global counts the losses of `features` are normalised by (live masked
+        slots, weighted tokens), summed over replicas; one all-reduce.
+
+        Gradient accumulation computes them for the whole step's batch and passes them to
+        `compute_objective` of each micro-batch (masks are keyed per example, so a micro-batch
+        masks exactly as the whole batch does).
+        """
+        if self.config.objective == "electric":  # three counts: + the cloze candidates
+            from electra_tf.models import electric
+
+            return electric.loss_totals(self, features, seed)
+        input_ids = tf.cast(features["input_ids"], tf.int32)
+        input_mask = tf.cast(features["input_mask"], tf.int32)
+        batch = self._mask(input_ids, input_mask, tf.cast(seed, tf.int64))
+        return global_sum(self._local_totals(batch, input_mask)[0])
+
+    def compute_objective(self, features, seed, training=True, *, totals=None,
+                          micro_batch=None):
         """The pretraining loss and what the metrics need, for one replica's batch.
 
         Args:
           features: dict with int `input_ids`, `input_mask`, `segment_ids` [batch, seq].
           seed: int [2] step seed.
+          totals: None, or `loss_totals` of a larger batch that `features` is a micro-batch of:
+            the losses are then normalised by that batch's counts, so the micro-batches' losses
+            add up to the larger batch's loss exactly.
+          micro_batch: None, or the micro-batch's index (int32 scalar), folded into the sampling
+            seed so that micro-batches draw independent generator samples.
 
         Returns a dict with "loss" (this replica's share of the global-batch loss) and the terms.
         """
         c = self.config
+        if c.objective == "electric":
+            from electra_tf.models import electric
+
+            return electric.electric_objective(self, features, seed, training, totals=totals,
+                                               micro_batch=micro_batch)
         input_ids = tf.cast(features["input_ids"], tf.int32)
         input_mask = tf.cast(features["input_mask"], tf.int32)
         segment_ids = tf.cast(features.get("segment_ids", tf.zeros_like(input_ids)), tf.int32)
-        seq_length = input_ids.shape[1]
         seed = tf.cast(seed, tf.int64)
 
-        batch = masking.mask_tokens(
-            input_ids, input_mask, seed, mask_prob=c.mask_prob,
-            num_slots=c.num_masked_slots(seq_length), mask_token_id=c.mask_token_id,
-            special_ids=(c.cls_token_id, c.sep_token_id, c.mask_token_id))
+        batch = self._mask(input_ids, input_mask, seed)
         out = {"masked": batch}
         loss = tf.constant(0.0)
         # Token weights of the discriminator-side terms, then both global totals at once.
-        if c.objective == "electra_15":
-            token_weights = tf.cast(batch.is_masked, tf.int32)
-        else:
-            token_weights = input_mask
-        slot_total, token_total = tf.unstack(global_sum(tf.stack([
-            tf.reduce_sum(batch.weights), tf.reduce_sum(tf.cast(token_weights, tf.float32))])))
+        local_totals, token_weights = self._local_totals(batch, input_mask)
+        if totals is None:
+            totals = global_sum(local_totals)
+        slot_total, token_total = tf.unstack(totals)
 
         if self.generator is not None:
             gen = self.generator(
@@ -174,6 +227,9 @@ class ElectraPretrainer(keras.Model):
             if ctx is not None and ctx.num_replicas_in_sync > 1:
                 replica_seed = tf.random.experimental.stateless_fold_in(
                     seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
+            if micro_batch is not None:
+                replica_seed = tf.random.experimental.stateless_fold_in(
+                    replica_seed, tf.cast(micro_batch, tf.int64))
             sampled = masking.sample_replacements(
                 gen["mlm_logits"], replica_seed, temperature=c.temperature,
                 disallow_ids=batch.masked_ids if c.disallow_correct else None)
@@ -184,7 +240,7 @@ class ElectraPretrainer(keras.Model):
                        sampled_accuracy=weighted_mean(sampled_correct, batch.weights, slot_total),
                        sampled_ids=sampled, disc_input_ids=disc_input_ids,
                        replaced_token_labels=labels)
-            loss += mlm_loss
+            loss += c.gen_weight * mlm_loss
         else:
             disc_input_ids = batch.masked_input_ids  # the BERT baseline sees [MASK]
 
@@ -272,8 +328,4 @@ class ElectraPretrainer(keras.Model):
         return {m.name: m.result() for m in self.metrics}
 
     def get_config(self):
-        return {"config": self.config.to_dict(), "seed": self.seed, "name": self.name}
-
-    @classmethod
-    def from_config(cls, config):
-        return cls(ElectraConfig.from_dict(config.pop("config")), **config)
+        return {**super().get_config(), "config": self.config.to_dict(), "seed": self.seed}

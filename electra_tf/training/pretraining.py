@@ -5,9 +5,18 @@ One loop a reader can follow:
   strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
   input:  strategy.distribute_datasets_from_function(resumable_dataset_fn(...))
   step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
-          optionally XLA-compiled), and returns the global losses, token counts and whether any
-          worker asked to stop
+          optionally XLA-compiled; with gradient_accumulation_steps=N it sums the gradients of N
+          micro-batches into one update, `accumulated_step`), and returns the global losses,
+          token counts, float16 loss-scale skips and whether any worker asked to stop
   after each loop: NaN/Inf check, summaries, a log line, checkpoint, SIGTERM check.
+
+Every count is of optimizer steps (`optimizer.iterations`): the schedule, checkpoints, summaries,
+resume and num_train_steps, whatever the number of micro-batches per step.
+
+Continued pretraining: `init` (a `run_setup.InitialWeights`: a TF1 release, a Hugging Face
+pair, an electra_tf folder) is copied into the freshly built model when model_dir has no
+checkpoint yet; the optimizer starts at step 0. A model_dir with checkpoints resumes from them and
+the log says that `init` is ignored.
 
 Resuming exactly. The step is `optimizer.iterations` (checkpointed). Everything random is a
 function of (seed, step) or is checkpointed: masks and generator samples are keyed by
@@ -49,9 +58,11 @@ checkpoints to a temporary folder that is deleted (the MultiWorkerMirroredStrate
 The stop request (SIGTERM) is max-reduced across workers inside the step function, so every
 worker stops at the same loop boundary.
 
-Files in `model_dir`: `pretraining_config.json` (flags, model config, pretraining config),
-`ckpt-*` checkpoints, `train/` TensorBoard events, `discriminator/` (our format, loadable by
-`from_pretrained` and fine-tuning).
+Files in `model_dir`: `pretraining_config.json` (flags, model config, pretraining config, and
+from `run_setup`: the shards' manifest, their casing `lower_case`, the vocabulary's sha256 and
+the initial checkpoint), `ckpt-*` checkpoints, `train/` TensorBoard events (with
+`loss_scale/skipped_steps` and `loss_scale/scale` under float16), `discriminator/` (our format,
+loadable by `from_pretrained` and fine-tuning).
 """
 
 from __future__ import annotations
@@ -105,9 +116,12 @@ USER_ERRORS = (ConfigError, RunFolderError, pipeline.CorruptShardError, FileNotF
 
 # PretrainingConfig fields a resumed run may change: how the run is executed and observed, not
 # what it computes. A longer num_train_steps extends a run (its learning rate then decays to 0 at
-# the new end, from the current step on); jit_compile changes rounding only.
+# the new end, from the current step on); jit_compile changes rounding only, and
+# gradient_accumulation_steps rounding and the generator's sampling draws (the update is that of
+# the same global batch, so a run that ran out of memory can resume with more micro-batches).
 RESUME_FREE_FIELDS = ("num_train_steps", "steps_per_loop", "save_checkpoints_steps",
-                      "keep_checkpoint_max", "summary_steps", "jit_compile")
+                      "keep_checkpoint_max", "summary_steps", "jit_compile",
+                      "gradient_accumulation_steps")
 # Fields a resumed run changes only when asked to (`allow_changes`, --allow_config_change): the
 # optimizer's hyperparameters, which leave the checkpoint loadable (e.g. a lower learning rate
 # after a NaN). Every other field, and the whole model config, must match: they change the
@@ -135,7 +149,9 @@ class PretrainingConfig(JsonConfig):
     """Every hyperparameter of a pretraining run (defaults: ELECTRA-Small of the paper).
 
     Args:
-      train_batch_size: GLOBAL batch size (split evenly over the replicas).
+      train_batch_size: GLOBAL batch size of one optimizer step (split evenly over the
+        replicas, then into `gradient_accumulation_steps` micro-batches), as the authors'
+        train_batch_size.
       num_train_steps: optimizer steps of the whole run (also the schedule's decay length).
       learning_rate: peak learning rate.
       num_warmup_steps: linear warmup multiplying the linear decay (paper: 10,000).
@@ -152,6 +168,11 @@ class PretrainingConfig(JsonConfig):
         has no bias correction, so in the first ~1/(1 - beta_2) steps its updates are several
         times the learning rate; the paper's 10,000 warmup steps hide that, a run of a few
         hundred steps does not (use e.g. 0.98 there).
+      gradient_accumulation_steps: micro-batches per optimizer step: each replica computes
+        the gradient of its batch in this many slices of batch / (replicas x N) examples, one
+        after another, and applies their sum once (clipped once, one step counted). The update
+        is that of the whole batch: the slices are normalised by the whole batch's counts of
+        masked slots and tokens (see `accumulated_step`). Memory is that of one slice.
       jit_compile: XLA-compile the replica step.
       mixed_precision: "none", "float16" (with dynamic loss scaling) or "bfloat16".
       seed: model initialisation, masking, dropout and input order.
@@ -173,6 +194,7 @@ class PretrainingConfig(JsonConfig):
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     adam_beta_2: float = 0.999
+    gradient_accumulation_steps: int = 1
     jit_compile: bool = False
     mixed_precision: str = "none"
     seed: int = 0
@@ -194,9 +216,13 @@ class PretrainingConfig(JsonConfig):
                 fail(f.name, "must be true or false")
         for name in ("train_batch_size", "num_train_steps", "max_seq_length", "steps_per_loop",
                      "save_checkpoints_steps", "keep_checkpoint_max", "summary_steps",
-                     "shuffle_buffer"):
+                     "shuffle_buffer", "gradient_accumulation_steps"):
             if getattr(self, name) < 1:
                 fail(name, "must be >= 1")
+        if self.train_batch_size % self.gradient_accumulation_steps:
+            fail("gradient_accumulation_steps", f"must divide train_batch_size "
+                 f"({self.train_batch_size}): each optimizer step's batch is split into this "
+                 "many micro-batches")
         if self.num_warmup_steps < 0:
             fail("num_warmup_steps", "must be >= 0")
         if not self.learning_rate > 0:
@@ -334,44 +360,133 @@ def track_gradient_norm(optimizer, metric: keras.metrics.Metric) -> None:
     inner._all_reduce_sum_gradients = all_reduce_and_record
 
 
+def _apply(model: ElectraPretrainer, gradients, variables):
+    """optimizer.apply; returns 1 when the float16 loss scale skipped the step (non-finite
+    gradients: the scale halves, nothing is updated and the step is not counted), else 0."""
+    before = tf.identity(model.optimizer.iterations)
+    model.optimizer.apply(gradients, variables)
+    if not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
+        return tf.constant(0, tf.int64)
+    return tf.cast(tf.equal(model.optimizer.iterations, before), tf.int64)
+
+
 def pretraining_step(model: ElectraPretrainer, features) -> dict:
-    """`ElectraPretrainer.train_step` for our loop: one replica's step, returns its loss share
-    and its count of real tokens (for tokens/s). Metrics are updated as the model does."""
+    """`ElectraPretrainer.train_step` for our loop: one replica's step, returns its loss share,
+    its count of real tokens (for tokens/s) and whether the loss scale skipped the step. Metrics
+    are updated as the model does."""
     with tf.GradientTape() as tape:
         out = model.compute_objective(features, model.step_seed(), training=True)
         scaled_loss = model.optimizer.scale_loss(out["loss"])
     variables = model.trainable_variables
-    model.optimizer.apply(tape.gradient(scaled_loss, variables), variables)
+    skipped = _apply(model, tape.gradient(scaled_loss, variables), variables)
     model.update_metrics(out)
-    return {"loss": out["loss"],
+    return {"loss": out["loss"], "skipped": skipped,
             "tokens": tf.reduce_sum(tf.cast(features["input_mask"], tf.int64))}
 
 
-def make_loop_fn(model, strategy, jit_compile: bool = False):
+def gradient_sums(model: ElectraPretrainer, strategy) -> list[tf.Variable]:
+    """One zero variable per trainable variable, for `accumulated_step` to sum gradients in.
+
+    Each replica sums its own (ON_READ: replica-local copies; the optimizer all-reduces the sums
+    once). Not part of the checkpoint: they are zeroed at the start of every step. Variables,
+    not while-loop tensors: Grappler's arithmetic optimizer rewrites a loop-carried `acc + g`
+    into an AccumulateNV2 whose temporary variable collides across the iterations of the outer
+    `steps_per_loop` loop (AlreadyExistsError, TF 2.21).
+    """
+    with strategy.scope():
+        return [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
+                            name=f"gradient_sum_{i}",
+                            synchronization=tf.VariableSynchronization.ON_READ,
+                            aggregation=tf.VariableAggregation.SUM)
+                for i, v in enumerate(model.trainable_variables)]
+
+
+def accumulated_step(model: ElectraPretrainer, features, num_micro_batches: int,
+                     sums: list[tf.Variable]) -> dict:
+    """`pretraining_step` over `num_micro_batches` slices of the replica's batch, one optimizer
+    update: the update of the whole batch, with the memory of one slice.
+
+    The losses are means over the GLOBAL batch's live masked slots (MLM) and real tokens (RTD),
+    so the slices cannot be averaged as means (their counts differ). Instead the whole batch's
+    counts are computed first (`loss_totals`: masking alone, one all-reduce) and every slice's
+    loss is normalised by them (`compute_objective(totals=...)`): the slices' losses, and so
+    their gradients, add up to the whole batch's. Masks are keyed per example (models/
+    masking.py), so a slice masks its examples exactly as the whole batch would. Generator
+    samples fold the slice index into the seed, as replicas fold theirs.
+
+    The summed gradient (in `sums`, from `gradient_sums`) goes to the optimizer once: all-reduced
+    once, clipped once to the global norm (as the authors' optimizer clips the whole batch's
+    gradient), one step counted. The slices run one after another (`parallel_iterations=1`), so
+    only one is in memory.
+    """
+    n = num_micro_batches
+    seed = model.step_seed()
+    totals = model.loss_totals(features, seed)  # [2]: the whole batch's global counts
+    slices = {k: tf.reshape(v, [n, -1, *v.shape[1:]]) for k, v in features.items()}
+    variables = model.trainable_variables
+    # A Mean metric updated with each slice's share x n averages to the step's value.
+    scalar_terms = ("loss", *model.step_metrics)
+
+    def one_slice(i, loss):
+        part = {k: tf.gather(v, i) for k, v in slices.items()}
+        with tf.GradientTape() as tape:
+            out = model.compute_objective(part, seed, training=True, totals=totals,
+                                          micro_batch=i)
+            scaled_loss = model.optimizer.scale_loss(out["loss"])
+        for total, g in zip(sums, tape.gradient(scaled_loss, variables)):
+            if g is not None:
+                total.assign_add(tf.convert_to_tensor(g))
+        model.update_metrics({**out, **{name: out[name] * n for name in scalar_terms}})
+        return i + 1, loss + out["loss"]
+
+    for total in sums:
+        total.assign(tf.zeros_like(total))
+    _, loss = tf.while_loop(lambda i, _: i < n, one_slice, (tf.constant(0), tf.constant(0.0)),
+                            parallel_iterations=1)
+    # read_value(): a tensor placed on the replica's device (under MultiWorkerMirroredStrategy a
+    # plain conversion has none, and the gradient all-reduce then finds no destination).
+    skipped = _apply(model, [total.read_value() for total in sums], variables)
+    return {"loss": loss, "skipped": skipped,
+            "tokens": tf.reduce_sum(tf.cast(features["input_mask"], tf.int64))}
+
+
+def make_loop_fn(model, strategy, jit_compile: bool = False, accumulation_steps: int = 1):
     """`loop(iterator, num_steps, stop_flag)`: `num_steps` train steps in one tf.function.
 
-    Returns (global loss of the last step, first step (1-based optimizer step) whose loss was
-    not finite or -1, real tokens processed, whether any worker set `stop_flag`). The loop
-    breaks at the first non-finite loss so the bad update is the last one.
+    Each step is `pretraining_step`, or `accumulated_step` over `accumulation_steps` micro-
+    batches. Returns (global loss of the last step, first step (1-based optimizer step) whose
+    loss was not finite or -1, real tokens processed, steps the float16 loss scale skipped,
+    whether any worker set `stop_flag`). The loop breaks at the first non-finite loss so the bad
+    update is the last one.
     """
-    replica_step = tf.function(lambda features: pretraining_step(model, features),
-                               jit_compile=jit_compile, reduce_retracing=True)
+    if accumulation_steps > 1:
+        sums = gradient_sums(model, strategy)
+
+        def step(features):
+            return accumulated_step(model, features, accumulation_steps, sums)
+    else:
+        def step(features):
+            return pretraining_step(model, features)
+    replica_step = tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
 
     @tf.function
     def loop(iterator, num_steps, stop_flag):
         loss = tf.constant(0.0)
         bad_step = tf.constant(-1, tf.int64)
         tokens = tf.constant(0, tf.int64)
+        skipped = tf.constant(0, tf.int64)
         for _ in tf.range(num_steps):
             out = strategy.run(replica_step, args=(next(iterator),))
             loss = strategy.reduce("SUM", out["loss"], axis=None)
             tokens += strategy.reduce("SUM", out["tokens"], axis=None)
+            # Every replica sees the same decision: count it once.
+            skipped += tf.minimum(strategy.reduce("SUM", out["skipped"], axis=None), 1)
             if not tf.math.is_finite(loss):
                 bad_step = tf.cast(model.optimizer.iterations, tf.int64)
                 break
         stop = strategy.reduce(
             "SUM", strategy.run(lambda: tf.cast(stop_flag, tf.int32)), axis=None)
-        return loss, bad_step, tokens, stop > 0
+        return loss, bad_step, tokens, skipped, stop > 0
 
     return loop
 
@@ -568,6 +683,18 @@ def restore_newest_readable(checkpoint: tf.train.Checkpoint, model_dir) -> str |
     return None
 
 
+def _previous_facts(model_dir: str, latest) -> dict:
+    """The facts a resumed run keeps from its record (how its weights were initialised)."""
+    if not latest:
+        return {}
+    try:
+        with tf.io.gfile.GFile(os.path.join(model_dir, CONFIG_FILE)) as f:
+            saved = json.loads(f.read())
+    except (tf.errors.OpError, ValueError):
+        return {}
+    return {"init_checkpoint": saved["init_checkpoint"]} if saved.get("init_checkpoint") else {}
+
+
 def _write_run_record(model_dir: str, record: dict) -> None:
     """pretraining_config.json, replaced in one rename (a full disk leaves the old one)."""
     path = os.path.join(model_dir, CONFIG_FILE)
@@ -674,7 +801,8 @@ def _save_after_input_error(manager, opt, strategy, saved):
 def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
                     model_dir, strategy: tf.distribute.Strategy, *, vocab_file=None,
                     flags: dict | None = None, check_shards: bool = True,
-                    skip_corrupt: bool = False, allow_changes=()) -> PretrainingResult:
+                    skip_corrupt: bool = False, allow_changes=(), init=None,
+                    run_facts: dict | None = None) -> PretrainingResult:
     """Pretrains (or resumes pretraining) in `model_dir`. See the module docstring.
 
     Args:
@@ -689,6 +817,10 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         every worker checks every shard).
       skip_corrupt: read damaged shards up to their first damaged record instead of failing.
       allow_changes: `RESUME_ON_REQUEST_FIELDS` this run may change when it resumes.
+      init: `run_setup.InitialWeights` to start from (continued pretraining), or None. Used
+        only when model_dir has no checkpoint: a rerun resumes from model_dir and says so.
+      run_facts: more entries for the run record (`run_setup.RunSetup.record`: the shards'
+        manifest, casing, the vocabulary's hash, the initial checkpoint).
 
     Raises one of `USER_ERRORS` for input it cannot use (another run's folder, damaged shards or
     checkpoints; nothing in model_dir is changed), and NonFiniteLossError if the loss becomes NaN
@@ -700,6 +832,12 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         raise PretrainingConfigError(
             f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
             f"the {replicas} replicas of the strategy")
+    micro = config.gradient_accumulation_steps
+    if config.train_batch_size % (replicas * micro):
+        raise PretrainingConfigError(
+            f"PretrainingConfig.gradient_accumulation_steps: {micro} does not divide the "
+            f"per-replica batch of {config.train_batch_size // replicas} "
+            f"(train_batch_size {config.train_batch_size} over {replicas} replicas)")
     changes = check_run_folder(model_dir, model_config, config, allow_changes)
     skipped_records = None  # per pass over the data, when known
     if check_shards:
@@ -724,6 +862,11 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
         latest = restore_newest_readable(checkpoint, model_dir)
+        if latest and init is not None:
+            logging.warning("model_dir %s has checkpoints: resuming from them; --init_checkpoint "
+                            "%s is ignored", model_dir, init.path)
+        elif init is not None:
+            init.copy_into(model)
         if latest:
             logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
             for name, (old, new) in changes.items():
@@ -732,6 +875,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                 log("Resuming with %s=%r (the run so far had %r)", name, new, old)
         if chief:
             _write_run_record(model_dir, {
+                **(run_facts or {}), **_previous_facts(model_dir, latest),
                 "flags": flags or {}, "model_config": model_config.to_dict(),
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas})
@@ -740,7 +884,8 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
             data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
             start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
         iterator = iter(dataset)
-        loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile)
+        loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
+                            accumulation_steps=config.gradient_accumulation_steps)
         writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if chief
                   else tf.summary.create_noop_writer())
         progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
@@ -748,11 +893,11 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         saved = latest
         preempted = warned_collapse = False
         with _StopRequest() as stop_request, writer.as_default():
-            period_start, period_step, period_tokens = time.time(), step, 0
+            period_start, period_step, period_tokens, period_skipped = time.time(), step, 0, 0
             while step < config.num_train_steps:
                 num_steps = min(config.steps_per_loop, config.num_train_steps - step)
                 try:
-                    loss, bad_step, tokens, stop = loop(
+                    loss, bad_step, tokens, skipped, stop = loop(
                         iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
                 except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
                     found = _DAMAGED_SHARD.search(e.message)
@@ -766,15 +911,23 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                         "--skip_corrupt_records trains without its damaged part") from None
                 bad_step = int(bad_step)
                 if bad_step >= 0:
-                    message = (f"loss is {float(loss)} at step {bad_step}: stopping; the last "
-                               f"good checkpoint is {saved} (to go on from it with a lower "
-                               "learning rate, add --allow_config_change=learning_rate)")
+                    last_good = (f"the last good checkpoint is {saved} (to go on from it with a "
+                                 "lower learning rate, add --allow_config_change=learning_rate)"
+                                 if saved else "no checkpoint was saved yet")
+                    message = f"loss is {float(loss)} at step {bad_step}: stopping; {last_good}"
                     logging.error("%s", message)
                     raise NonFiniteLossError(message)
                 previous, step = step, int(opt.iterations.numpy())
                 period_tokens += int(tokens)
+                period_skipped += int(skipped)
+                if int(skipped):
+                    logging.warning(
+                        "%d of the last %d steps skipped by the float16 loss scale (non-finite "
+                        "gradients: no update, not counted; the scale is now %g)", int(skipped),
+                        num_steps, float(opt.dynamic_scale.numpy()))
                 metrics = {m.name: float(m.result()) for m in model.metrics}
-                metrics["gradient_norm"] = float(grad_norm.result())
+                if int(grad_norm.count.numpy()):  # no norm when every step was skipped
+                    metrics["gradient_norm"] = float(grad_norm.result())
                 if step // config.summary_steps > previous // config.summary_steps \
                         or step >= config.num_train_steps:
                     elapsed = max(time.time() - period_start, 1e-9)
@@ -787,6 +940,10 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                     if skip_corrupt and skipped_records is not None:
                         summaries.scalar("data/corrupt_records_skipped", skipped_records,
                                          step=step)
+                    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+                        summaries.scalar("loss_scale/skipped_steps", period_skipped, step=step)
+                        summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()),
+                                         step=step)
                     warning = collapse_warning(metrics, step, config)
                     if warning and not warned_collapse:
                         logging.warning("%s", warning)
@@ -795,6 +952,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                     for m in (*model.metrics, grad_norm):
                         m.reset_state()
                     period_start, period_step, period_tokens = time.time(), step, 0
+                    period_skipped = 0
                 progress.update(step, force=True, loss=metrics["loss"],
                                 **{k: v for k, v in metrics.items()
                                    if k in ("mlm_loss", "disc_loss", "gradient_norm")})
@@ -812,10 +970,13 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                     break
         disc_dir = None
         if not preempted:
+            # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the
+            # others write to their temporary folder, deleted below), so only the chief says so.
             target = Path(write_dir) / "discriminator"
             export_discriminator(model, target, vocab_file=vocab_file)
             disc_dir = str(Path(model_dir) / "discriminator")
-            logging.info("Saved the discriminator to %s", disc_dir)
+            if chief:
+                logging.info("Saved the discriminator to %s", disc_dir)
         return PretrainingResult(model, step, preempted, metrics,
                                  saved if chief else None, disc_dir)
     finally:

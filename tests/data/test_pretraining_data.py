@@ -364,6 +364,30 @@ def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
     assert len(manifest["inputs"]) == 2
 
 
+def test_the_manifest_describes_the_shards_for_a_pretraining_run(built_shards, imdb_docs,
+                                                                 vocab_file, tmp_path, helpers):
+    out, manifest = built_shards
+    found = pd.manifest_for_shards(helpers.shard_files(out))
+    assert found.values == {"max_seq_length": 64, "vocab_sha256": manifest["vocab_sha256"],
+                            "vocab_size": manifest["vocab_size"],
+                            "special_ids": manifest["special_ids"], "lower_case": True}
+    assert found.path == os.path.join(out, "manifest.json")
+    assert found.vocab_file == os.path.abspath(vocab_file) and found.folders_without == ()
+    # Casing is the builder's --lower_case, recorded for the run (and fine-tuning) to read.
+    path = helpers.write_corpus(tmp_path / "c.txt", imdb_docs[:5])
+    _, cased = build(tmp_path, [path], vocab_file, num_shards=1, lower_case=False)
+    assert cased["lower_case"] is False
+    # Shards without one (the authors' tool's) have none; a manifest without a field is named.
+    assert pd.manifest_for_shards([str(tmp_path / "elsewhere" / "x.tfrecord")]) is None
+    older = tmp_path / "older"
+    older.mkdir()
+    (older / "manifest.json").write_text(json.dumps({"max_seq_length": 64}))
+    with pytest.raises(pd.BadInputError, match=r"older/manifest.json: shard manifest without "
+                                               r"vocab_sha256, vocab_size, special_ids, "
+                                               r"lower_case \(written by an older"):
+        pd.manifest_for_shards([str(older / "pretrain_data.tfrecord-00000-of-00001")])
+
+
 def test_shards_and_manifest_get_the_normal_mode(built_shards):
     """Shards and stats go through temp files and renames; they keep open()'s 0666 & ~umask."""
     import stat

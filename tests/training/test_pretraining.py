@@ -176,6 +176,40 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     assert set(weights) == set(good_weights)
 
 
+@pytest.mark.slow
+def test_nan_loss_before_any_checkpoint_says_so(tmp_path, pretrain_shards, pretrain_vocab):
+    config = run_config(num_train_steps=30, steps_per_loop=1, save_checkpoints_steps=1000,
+                        learning_rate=1e30, num_warmup_steps=0)
+    with pytest.raises(pretraining.NonFiniteLossError) as info:
+        pretraining.run_pretraining(tiny_config(pretrain_vocab), config, pretrain_shards,
+                                    str(tmp_path), create_strategy("one_device"),
+                                    check_shards=False)
+    assert str(info.value).endswith(": stopping; no checkpoint was saved yet"), info.value
+    assert "None" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_float16_loss_scale_skips_are_logged_and_summarised(tmp_path, pretrain_shards,
+                                                            pretrain_vocab, caplog, th):
+    # The loss scale starts at 2**15: the first steps' float16 gradients overflow, and the
+    # scale halves until they fit. Those steps update nothing and are not counted.
+    config = run_config(num_train_steps=2, steps_per_loop=2, summary_steps=2,
+                        mixed_precision="float16")
+    with caplog.at_level("INFO"):
+        result = pretraining.run_pretraining(tiny_config(pretrain_vocab), config,
+                                             pretrain_shards, str(tmp_path),
+                                             create_strategy("one_device"), check_shards=False)
+    assert result.step == 2
+    skipped = th.scalar_values(str(tmp_path), "loss_scale/skipped_steps")
+    assert len(skipped) == 1 and skipped[0][0] == 2 and skipped[0][1] >= 1, skipped
+    assert "steps skipped by the float16 loss scale (non-finite gradients: no update, not " \
+        "counted; the scale is now" in caplog.text
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
+    assert progress and not any("gradient_norm 0," in line or line.endswith("gradient_norm 0")
+                                for line in progress), progress
+    assert th.scalar_values(str(tmp_path), "loss_scale/scale")[0][1] < 2 ** 15
+
+
 # --- real processes -----------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.multiprocess
@@ -226,17 +260,19 @@ WORKER = textwrap.dedent("""
     import sys
 
     import numpy as np
+    from absl import logging
 
     from electra_tf.config import ElectraConfig
     from electra_tf.training import pretraining
     from electra_tf.training.strategy import create_strategy, is_chief
 
-    data, vocab, model_dir, out = sys.argv[1:5]
+    data, vocab, model_dir, out, micro_batches = sys.argv[1:6]
+    logging.set_verbosity(logging.INFO)
     strategy = create_strategy("multi_worker")
     config = pretraining.PretrainingConfig(
         train_batch_size=8, num_train_steps=4, learning_rate=1e-3, num_warmup_steps=1,
         max_seq_length=32, steps_per_loop=2, save_checkpoints_steps=2, summary_steps=2, seed=3,
-        shuffle_buffer=64)
+        shuffle_buffer=64, gradient_accumulation_steps=int(micro_batches))
     model_config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
     result = pretraining.run_pretraining(model_config, config, data, model_dir, strategy)
     np.savez(out, **{v.path: v.numpy() for v in result.model.trainable_variables})
@@ -247,8 +283,9 @@ WORKER = textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.parametrize("micro_batches", [1, 2])
 def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
-        tmp_path, pretrain_shards, pretrain_vocab, th):
+        tmp_path, pretrain_shards, pretrain_vocab, th, micro_batches):
     ports = [th.free_port(), th.free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     script = tmp_path / "worker.py"
@@ -265,7 +302,7 @@ def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
                    PYTHONUNBUFFERED="1")
         processes.append(subprocess.Popen(
             [sys.executable, str(script), pretrain_shards, pretrain_vocab, str(model_dir),
-             str(tmp_path / f"weights{index}.npz")], cwd=th.repo, env=env,
+             str(tmp_path / f"weights{index}.npz"), str(micro_batches)], cwd=th.repo, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     try:
@@ -278,6 +315,9 @@ def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
     for p, log in zip(processes, logs):
         assert p.returncode == 0, log[-3000:]
     assert "CHIEF replicas 2 step 4" in logs[0] and "WORKER replicas 2 step 4" in logs[1]
+    # Only the chief says it saved the discriminator: the other one wrote to a temporary folder.
+    assert f"Saved the discriminator to {model_dir}/discriminator" in logs[0]
+    assert "Saved the discriminator" not in logs[1]
     w0, w1 = np.load(tmp_path / "weights0.npz"), np.load(tmp_path / "weights1.npz")
     assert sorted(w0.files) == sorted(w1.files) and len(w0.files) > 10
     for name in w0.files:
