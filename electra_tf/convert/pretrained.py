@@ -34,6 +34,7 @@ from electra_tf.convert.common import (
 FORMATS = ("tf1", "hf", "electra_tf", "keras_hub")
 KINDS = ("discriminator", "generator", "pretrainer")
 MARKER = "electra_tf_checkpoint.json"
+RUN_RECORD = "pretraining_config.json"  # in an `electra-pretrain --model_dir`
 CHECKPOINT_NAME = "model"  # <folder>/model.index, model.data-*
 
 
@@ -131,6 +132,54 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
                       "electra_tf")
 
 
+def is_run_folder(path) -> bool:
+    """Whether `path` is an `electra-pretrain --model_dir` with at least one checkpoint."""
+    p = Path(path)
+    return p.is_dir() and (p / RUN_RECORD).exists() and any(p.glob("ckpt-*.index"))
+
+
+def _load_run_folder(folder: Path, kind: str, config=None) -> Pretrained:
+    """Both networks of a pretraining run, from its newest readable checkpoint (the optimizer's
+    slots stay behind), as `kind`."""
+    from electra_tf.models import ElectraPretrainer
+    from electra_tf.training import pretraining
+
+    record_path = folder / RUN_RECORD
+    record = read_json(record_path)
+    try:
+        saved_config = ElectraConfig.from_dict(record["model_config"], source=str(record_path))
+    except KeyError:
+        raise damaged(record_path, "no 'model_config'") from None
+    if config is not None:
+        config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
+        check_vocab_size(config, saved_config.vocab_size, str(record_path))
+    model = ElectraPretrainer(config or saved_config)
+    prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
+                   if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
+    if prefix is None:
+        raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
+    status = pretraining.model_checkpoint(model).read(prefix)
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise ConversionError(f"{prefix} does not fit the model of {record_path}: {str(e)[:200]}") from None
+    status.expect_partial()
+    if kind == "generator" and model.generator is None:
+        raise ConversionError(f"{folder}: objective {model.config.objective!r} has no generator")
+    chosen = {"pretrainer": model, "discriminator": model.discriminator,
+              "generator": model.generator}[kind]
+    report = ConversionReport(source=f"electra_tf run:{prefix}", target=f"{kind} ({chosen.name})")
+    report.mapped = [(v.path, v.path, tuple(v.shape)) for v in chosen.weights]
+    if kind != "pretrainer":
+        other = model.generator if kind == "discriminator" else model.discriminator
+        ours = {id(v) for v in chosen.weights}
+        report.ignored = [(v.path, f"not part of the {kind}") for v in (other.weights if other else [])
+                          if id(v) not in ours]
+    vocab = record.get("vocab_file")
+    return Pretrained(chosen, chosen.config, vocab if vocab and Path(vocab).exists() else None,
+                      report, "electra_tf")
+
+
 # --- detection and loading -----------------------------------------------------------------------
 def detect_format(path) -> str:
     """'tf1', 'hf', 'electra_tf' or 'keras_hub'; a ConversionError lists what was looked for."""
@@ -138,7 +187,7 @@ def detect_format(path) -> str:
 
     p = Path(path)
     if p.is_dir():
-        if (p / MARKER).exists():
+        if (p / MARKER).exists() or is_run_folder(p):
             return "electra_tf"
         if is_keras_hub_preset(p):
             return "keras_hub"
@@ -171,8 +220,11 @@ def load_pretrained(path, kind: str = "discriminator", config=None, *, input_for
     elif fmt == "hf":
         model, cfg, report, vocab = hf.load_hf_model(path, kind, config, **load_kwargs)
     elif fmt == "electra_tf":
+        if is_run_folder(path) and not (Path(path) / MARKER).exists():
+            return _load_run_folder(Path(path), kind, config)
         if not (Path(path) / MARKER).exists():
-            raise ConversionError(f"{path}: no {MARKER}; not an electra_tf checkpoint folder")
+            raise ConversionError(f"{path}: no {MARKER} and no {RUN_RECORD} with checkpoints; not "
+                                  "an electra_tf checkpoint folder or pretraining run")
         return _load_electra_tf(Path(path), kind, config)
     elif fmt == "keras_hub":
         from electra_tf.convert.keras_hub import load_keras_hub_preset
@@ -228,6 +280,9 @@ def holds_generator(path, input_format: str = "auto") -> bool:
     """Whether the checkpoint at `path` has a generator besides the discriminator."""
     fmt = detect_format(path) if input_format == "auto" else input_format
     p = Path(path)
+    if fmt == "electra_tf" and is_run_folder(p) and not (p / MARKER).exists():
+        record = read_json(p / RUN_RECORD)
+        return record.get("model_config", {}).get("objective", "electra") != "mlm"
     if fmt == "electra_tf":
         return "generator" in read_json(p / MARKER).get("objects", [])
     if fmt == "hf":

@@ -43,11 +43,11 @@ from typing import NamedTuple
 from absl import logging
 
 from electra_tf.config import ConfigError, ElectraConfig
-from electra_tf.convert import hf, tf1
-from electra_tf.convert.pretrained import MARKER, detect_format, load_pretrained
+from electra_tf.convert import hf
+from electra_tf.convert.pretrained import (
+    MARKER, detect_format, holds_generator, is_run_folder, load_pretrained)
 from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
-from electra_tf.models import ElectraPretrainer
 from electra_tf.training import pretraining
 
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).
@@ -140,32 +140,6 @@ class InitialWeights:
         self.source = None  # the copy is done: free the loaded model's memory
 
 
-def _run_folder_weights(folder: Path) -> InitialWeights:
-    """An electra_tf pretraining run's model_dir: both networks from its newest checkpoint."""
-    record_path = folder / pretraining.CONFIG_FILE
-    try:
-        record = json.loads(record_path.read_text())
-        config = ElectraConfig.from_dict(record["model_config"], source=str(record_path))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise pretraining.RunFolderError(f"--init_checkpoint: {record_path} is unreadable "
-                                         f"({e!r})") from None
-    model = ElectraPretrainer(config)
-    prefix = pretraining.checkpoint_prefixes(folder)[0]
-    problem = pretraining.checkpoint_problem(prefix)
-    if problem:
-        raise pretraining.RunFolderError(f"--init_checkpoint: {problem}")
-    status = pretraining.model_checkpoint(model).read(prefix)
-    try:
-        status.assert_existing_objects_matched()
-    except AssertionError as e:
-        raise pretraining.RunFolderError(f"--init_checkpoint: {prefix} does not fit the model of "
-                                         f"{record_path} ({str(e)[:200]})") from None
-    status.expect_partial()  # the optimizer's slots stay behind
-    vocab = record.get("vocab_file")
-    return InitialWeights(str(folder), "electra_tf", model, config,
-                          vocab if vocab and os.path.exists(vocab) else None)
-
-
 def load_initial_weights(path, generator_path=None) -> InitialWeights:
     """Loads --init_checkpoint (and --init_generator); see the module docstring.
 
@@ -173,12 +147,9 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
     from (a generator alone, a damaged file, weights that do not fit).
     """
     folder = Path(path)
-    if folder.is_dir() and (folder / pretraining.CONFIG_FILE).exists() \
-            and pretraining.checkpoint_prefixes(folder):
-        if generator_path:
-            raise ConfigError(f"--init_generator: {path} is a pretraining run folder, which holds "
-                              "its generator already")
-        return _run_folder_weights(folder)
+    if generator_path and is_run_folder(folder):
+        raise ConfigError(f"--init_generator: {path} is a pretraining run folder, which holds "
+                          "its generator already")
     fmt = detect_format(path)
     if generator_path:
         if fmt != "hf" or detect_format(generator_path) != "hf":
@@ -193,28 +164,25 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
         logging.info("--init_checkpoint: %s", loaded.report.summary())
         vocab = loaded.vocab_path and os.path.join(path, os.path.basename(loaded.vocab_path))
         return InitialWeights(str(path), "hf", loaded.model, loaded.config, vocab)
-    if fmt == "tf1":
-        prefix, _ = tf1.resolve_checkpoint(path)
-        kind = "pretrainer" if tf1.layout(tf1.read_shapes(prefix))["generator"] else \
-            "discriminator"
-    elif fmt == "hf":
-        if (folder / "discriminator").is_dir() and (folder / "generator").is_dir():
-            kind = "pretrainer"
-        elif "ElectraForMaskedLM" in hf.read_hf_config(folder).get("architectures", []):
-            raise ConfigError(f"--init_checkpoint={path} holds a generator; give the "
-                              "discriminator's folder as --init_checkpoint and this one as "
-                              "--init_generator")
-        else:
-            kind = "discriminator"
-    else:
-        saved = json.loads((folder / MARKER).read_text()).get("kind")
-        if saved == "generator":
+    if fmt == "hf" and "ElectraForMaskedLM" in _hf_architectures(folder):
+        raise ConfigError(f"--init_checkpoint={path} holds a generator; give the discriminator's "
+                          "folder as --init_checkpoint and this one as --init_generator")
+    kind = "pretrainer" if holds_generator(path, fmt) else "discriminator"
+    if is_run_folder(folder):
+        kind = "pretrainer"  # both networks as the run built them (an mlm run has no generator)
+    elif fmt == "electra_tf":
+        kind = json.loads((folder / MARKER).read_text()).get("kind")
+        if kind == "generator":
             raise ConfigError(f"--init_checkpoint={path} holds a generator alone; give a "
                               "discriminator or a pretrainer")
-        kind = saved
     loaded = load_pretrained(path, kind)
     logging.info("--init_checkpoint: %s", loaded.report.summary())
     return InitialWeights(str(path), fmt, loaded.model, loaded.config, loaded.vocab_path)
+
+
+def _hf_architectures(folder: Path) -> list:
+    return [] if (folder / "discriminator").is_dir() else \
+        hf.read_hf_config(folder).get("architectures", [])
 
 
 # --- resolving the run --------------------------------------------------------------------------
