@@ -1,9 +1,11 @@
 """README.md's commands against the code: every flag a README command passes exists on that
 command (static, fast), and the README's own command blocks run at tiny sizes (slow)."""
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +25,6 @@ def _module_flags(module: str) -> set[str]:
     proc = subprocess.run([sys.executable, "-c", _FLAGS_OF.format(module=module)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    import json
-
     return set(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
@@ -68,3 +68,131 @@ def test_deployment_files_serve_the_name_the_readme_exports():
     assert re.search(rf"MODEL_NAME: {name}\b", compose)
     assert f"--model_name={name}\n" in kubernetes and f"--model_base_path=/models/{name}\n" in kubernetes
     assert f"/v1/models/{name}," in kubernetes and f"/v1/models/{name} HTTP" in compose
+
+
+# --- the README's command blocks, run as written at tiny sizes -----------------------------------
+# Flags appended to a README command (absl: the last value wins) to make it tiny; every flag and
+# path the README writes is still passed as written.
+TINY = {
+    "electra-pretrain": ["--train_batch_size=8", "--num_train_steps=2", "--num_warmup_steps=1",
+                         "--steps_per_loop=1", "--save_checkpoints_steps=2", "--nocheck_shards"],
+    "electra-finetune": ["--num_seeds=1", "--max_train_examples=32", "--max_eval_examples=32",
+                         "--num_train_epochs=1", "--train_batch_size=16", "--max_seq_length=32"],
+}
+SECTIONS = ("## Pretrain on your own text", "## Fine-tune", "## Start from the released checkpoints",
+            "## Export and serve with TF Serving")
+
+
+def _section_commands(title: str) -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index(title)
+    end = text.find("\n## ", start + len(title))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        section = Path(folder) / "section.md"
+        section.write_text(text[start:end if end > 0 else None], encoding="utf-8")
+        return sh_commands(section)
+
+
+def _program(name: str) -> list[str]:
+    script = Path(sys.executable).parent / name
+    return [str(script)] if script.exists() else [sys.executable, "-m", f"tools.{SCRIPTS[name]}"]
+
+
+def _run(command: str, work: Path, env: dict, timeout=600) -> str:
+    import shlex
+
+    words = shlex.split(command)
+    words = _program(words[0]) + words[1:] + TINY.get(words[0], [])
+    proc = subprocess.run(words, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _corpus(work: Path) -> None:
+    import itertools
+
+    from electra_tf.data import corpus
+
+    (work / "corpus").mkdir()
+    docs = list(itertools.islice(corpus.imdb_documents(), 300))
+    (work / "corpus" / "imdb.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    rows = ["review,stars"] + [f"\"{s.replace(chr(34), '')}\",{i % 3 + 1}"
+                               for i, s in enumerate(d[0] for d in docs[:80])]
+    (work / "train.csv").write_text("\n".join(rows[:61]) + "\n")
+    (work / "dev.csv").write_text("\n".join(rows[:1] + rows[61:]) + "\n")
+    from tests.finetune.test_glue import GLUE_DATA
+
+    (work / "glue_data" / "MRPC").mkdir(parents=True)
+    for name, text in GLUE_DATA["MRPC"].items():
+        (work / "glue_data" / "MRPC" / name).write_text(text, encoding="utf-8")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_readme_command_blocks_run_as_written(tmp_path):
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    work = tmp_path / "work"
+    work.mkdir()
+    _corpus(work)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    ran = []
+    # Pretrain on your own text: vocabulary, shards, ELECTRA-Small (2 steps).
+    for command in _section_commands(SECTIONS[0]):
+        _run(command, work, env)
+        ran.append(command.split()[0])
+    assert ran == ["electra-build-vocab", "electra-build-data", "electra-pretrain"]
+    assert (work / "runs/small/discriminator").is_dir()
+    # Fine-tune: every command whose data is here (TFDS folders are not).
+    for command in _section_commands(SECTIONS[1]):
+        if "--tfds_data_dir" in command:
+            continue
+        _run(command.replace("--init_checkpoint=...", "--init_checkpoint=runs/small/discriminator"),
+             work, env)
+        ran.append(command.split("--task=")[1].split()[0])
+    assert ran[3:] == ["rotten_tomatoes", "mrpc", "classification"]
+    assert (work / "runs/ft_rt/best").is_dir() and (work / "runs/mrpc/best/submission/MRPC.tsv").exists()
+    # Start from the released checkpoints: our run written as the authors' TF1 layout stands in.
+    _run("electra-convert --input=runs/small --output=models/electra_small --output_format=tf1", work, env)
+    for command in _section_commands(SECTIONS[2]):
+        out = _run(command, work, env)
+        assert "missing (0)" in out
+    assert (work / "small_hf/discriminator/model.safetensors").exists()
+    # Export and serve: /tmp/ inside this test's folder, free ports for 8501/8500.
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0)), b.bind(("127.0.0.1", 0))
+        rest, grpc = str(a.getsockname()[1]), str(b.getsockname()[1])
+    commands = [c.replace("/tmp/", f"{work}/tmp/").replace("8501", rest).replace("8500", grpc)
+                for c in _section_commands(SECTIONS[3])]
+    export, serve, curl, client = commands
+    _run(export, work, env)
+    import shlex
+
+    words = shlex.split(serve)
+    server = subprocess.Popen(_program(words[0]) + words[1:], cwd=work, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{rest}/v1/models/electra_rt"
+        for _ in range(240):
+            try:
+                if b"AVAILABLE" in urllib.request.urlopen(url, timeout=1).read():
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("electra-serve did not come up")
+        body, target = re.search(r"-d '(.*)' (\S+)", curl).groups()
+        answer = json.loads(urllib.request.urlopen(
+            urllib.request.Request(target, data=body.encode()), timeout=30).read())
+        assert answer["predictions"][0]["label"] in ("negative", "positive")
+        out = _run(client, work, env)
+        assert '"label"' in out
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
