@@ -52,6 +52,7 @@ setuptools.setup(
             "electra-pretrain=tools.pretrain:run",
             "electra-finetune=tools.finetune:run",
             "electra-convert=tools.convert:run",
+            "electra-score=tools.score:run",
             "electra-export=tools.export:run",
             "electra-serve=tools.serve:run",
             "electra-client=tools.client:run",

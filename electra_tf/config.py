@@ -13,8 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-# The pretraining objectives of the paper's Table 5 (Section 3.2 efficiency ablations).
-OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm")
+# The pretraining objectives of the paper's Table 5 (Section 3.2 efficiency ablations), and
+# Electric (Clark et al., EMNLP 2020; the authors' `electric_objective`, models/electric.py).
+OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm", "electric")
 # How generator and discriminator share weights (paper Section 3.2 "Weight sharing").
 EMBEDDING_SHARING = ("embeddings", "untied", "all")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
@@ -103,6 +104,7 @@ class ElectraConfig(JsonConfig):
         int((mask_prob + 0.005) * max_seq_length) like the original.
       temperature: Gumbel-max sampling temperature (1.0).
       disc_weight: lambda, the discriminator loss weight (50).
+      gen_weight: the generator loss weight (1.0; the original's `gen_weight`).
       disallow_correct: forbid sampling the original token (subtract 1000 from its logit).
       objective: one of OBJECTIVES.
       mask_token_id / cls_token_id / sep_token_id / pad_token_id: special ids; the BERT uncased
@@ -129,6 +131,7 @@ class ElectraConfig(JsonConfig):
     max_predictions_per_seq: int | None = None
     temperature: float = 1.0
     disc_weight: float = 50.0
+    gen_weight: float = 1.0
     disallow_correct: bool = False
     objective: str = "electra"
     pad_token_id: int = 0
@@ -172,6 +175,8 @@ class ElectraConfig(JsonConfig):
             fail("temperature", "must be > 0")
         if self.disc_weight < 0:
             fail("disc_weight", "must be >= 0")
+        if self.gen_weight < 0:
+            fail("gen_weight", "must be >= 0")
         if self.initializer_range <= 0:
             fail("initializer_range", "must be > 0")
         if self.max_predictions_per_seq is not None and (
@@ -186,6 +191,9 @@ class ElectraConfig(JsonConfig):
             fail("objective", f"must be one of {OBJECTIVES}")
         if self.embedding_sharing not in EMBEDDING_SHARING:
             fail("embedding_sharing", f"must be one of {EMBEDDING_SHARING}")
+        if self.objective == "electric" and self.embedding_sharing == "all":
+            # The two-tower generator cannot be the discriminator (the original has no such path).
+            fail("embedding_sharing", "objective 'electric' needs 'embeddings' or 'untied'")
         if self.embedding_sharing == "all" and (
             self.generator_hidden_size != 1.0 or self.generator_layers != 1.0
         ):

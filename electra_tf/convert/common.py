@@ -165,6 +165,20 @@ def generator_slots(gen, scope: str = "generator", embeddings_scope: str | None 
             _slot("generator_predictions/output_bias", head.output_bias)]
 
 
+def cloze_generator_slots(gen, embeddings_scope: str = "electra") -> list[Slot]:
+    """Electric's two-tower generator: `generator_ltr/`, `generator_rtl/` and the head
+    `cloze_predictions/` (the authors' `TwoTowerClozeTransformer` scopes). The towers' embeddings
+    are the shared `electra/embeddings`, or each tower's own (`generator_ltr/embeddings`, ...)
+    with `embeddings_scope=None` (untied)."""
+    head = gen.cloze_head
+    slots = []
+    for scope, tower in (("generator_ltr", gen.ltr), ("generator_rtl", gen.rtl)):
+        slots += backbone_slots(tower, scope, embeddings_scope or scope)
+    return [*slots, *_dense("cloze_predictions/dense", head.dense),
+            *_layer_norm("cloze_predictions/LayerNorm", head.layer_norm),
+            _slot("cloze_predictions/output_bias", head.output_bias)]
+
+
 def generator_scopes(gen, disc=None) -> tuple[str, str]:
     """(scope, embeddings_scope) of a generator next to discriminator `disc` (None: standalone)."""
     if disc is not None and gen.encoder is disc.encoder:
@@ -183,7 +197,10 @@ def model_slots(model, scopes: tuple[str, str] | None = None) -> list[Slot]:
 
     if isinstance(model, ElectraPretrainer):
         slots = discriminator_slots(model.discriminator)
-        if model.generator is not None:
+        if model.config.objective == "electric":
+            shared = model.generator.embeddings is model.discriminator.embeddings
+            slots += cloze_generator_slots(model.generator, "electra" if shared else None)
+        elif model.generator is not None:
             slots += generator_slots(model.generator,
                                      *generator_scopes(model.generator, model.discriminator))
     elif isinstance(model, Discriminator):
@@ -214,20 +231,22 @@ def model_kind(model) -> str:
 
 # --- names the released checkpoints can hold -----------------------------------------------------
 _BACKBONE = (
-    r"(electra|generator)/("
+    r"(electra|generator|generator_ltr|generator_rtl)/("
     r"embeddings/(word_embeddings|token_type_embeddings|position_embeddings|LayerNorm/(gamma|beta))"
     r"|embeddings_project/(kernel|bias)"
     r"|encoder/layer_\d+/(attention/self/(query|key|value)/(kernel|bias)"
     r"|attention/output/dense/(kernel|bias)|attention/output/LayerNorm/(gamma|beta)"
     r"|intermediate/dense/(kernel|bias)|output/dense/(kernel|bias)|output/LayerNorm/(gamma|beta)))")
 _HEADS = (r"discriminator_predictions/dense(_1)?/(kernel|bias)"
-          r"|generator_predictions/(dense/(kernel|bias)|LayerNorm/(gamma|beta)|output_bias)")
+          r"|(generator|cloze)_predictions/(dense/(kernel|bias)|LayerNorm/(gamma|beta)|output_bias)")
 KNOWN_TF1_NAME = re.compile(f"({_BACKBONE}|{_HEADS})")
 
 
 def part_of(name: str) -> str:
     """'generator' or 'discriminator': which network a (valid TF1) name belongs to."""
-    return "generator" if name.startswith(("generator/", "generator_predictions/")) else "discriminator"
+    generator = ("generator/", "generator_predictions/", "generator_ltr/", "generator_rtl/",
+                 "cloze_predictions/")  # the last three: Electric's two-tower generator
+    return "generator" if name.startswith(generator) else "discriminator"
 
 
 # --- checking and assigning ----------------------------------------------------------------------

@@ -395,6 +395,9 @@ def export_hf(model, output_dir, *, vocab_file=None, lower_case: bool | None = N
         lower_case, _ = checkpoint_lower_case(Path(vocab_file).parent)
     lower_case = True if lower_case is None else bool(lower_case)
     kind = model_kind(model)
+    if kind == "pretrainer" and model.config.objective == "electric":
+        raise ConversionError("Hugging Face has no model for Electric's two-tower generator: "
+                              "export kind='discriminator' (or write TF1 / electra_tf)")
     report = ConversionReport(source=f"{kind} ({model.name})", target=f"hf:{out}")
     parts = ([("discriminator", model.discriminator, out / "discriminator"),
               ("generator", model.generator, out / "generator")] if kind == "pretrainer"

@@ -6,7 +6,11 @@ generator under `generator/` (its embeddings shared as `electra/embeddings`, or 
 `generator/embeddings` when untied), the heads `discriminator_predictions/` and
 `generator_predictions/`, Adam slots `<var>/adam_m`, `<var>/adam_v` and `global_step`, next to
 the BERT uncased `vocab.txt`. With every weight tied (`untied_generator=False`) there is no
-`generator/` scope: the generator is the `electra/` network.
+`generator/` scope: the generator is the `electra/` network. An Electric checkpoint
+(`electric_objective`) has the two-tower generator instead: `generator_ltr/` and `generator_rtl/`
+(each with its `embeddings_project`, both reading `electra/embeddings` unless untied, then
+`generator_ltr/embeddings`, ...) and the head `cloze_predictions/`; it loads as kind="pretrainer"
+(objective "electric", inferred) or kind="discriminator".
 
 Example:
 >>> disc, config, report = load_tf1_model("electra_small", kind="discriminator")[:3]
@@ -28,7 +32,8 @@ from electra_tf.convert.common import (
 
 WORD_EMBEDDINGS = "electra/embeddings/word_embeddings"
 GEN_WORD_EMBEDDINGS = "generator/embeddings/word_embeddings"
-_LAYER = re.compile(r"^(electra|generator)/encoder/layer_(\d+)/")
+_LAYER = re.compile(r"^(electra|generator|generator_ltr|generator_rtl)/encoder/layer_(\d+)/")
+ELECTRIC_SCOPE = "generator_ltr"  # a checkpoint with this scope is Electric's
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -94,7 +99,12 @@ def _num_layers(shapes, scope):
 
 def layout(shapes) -> dict:
     """Which generator the checkpoint holds: {"generator": bool, "sharing": ..., "gen_scope",
-    "gen_embeddings_scope"}."""
+    "gen_embeddings_scope", "electric": bool}. For Electric, the scopes are the left tower's."""
+    if _num_layers(shapes, ELECTRIC_SCOPE) > 0:
+        untied = f"{ELECTRIC_SCOPE}/embeddings/word_embeddings" in shapes
+        return {"generator": True, "sharing": "untied" if untied else "embeddings",
+                "gen_scope": ELECTRIC_SCOPE,
+                "gen_embeddings_scope": ELECTRIC_SCOPE if untied else "electra", "electric": True}
     has_gen_encoder = _num_layers(shapes, "generator") > 0
     has_gen_head = "generator_predictions/output_bias" in shapes
     untied = GEN_WORD_EMBEDDINGS in shapes
@@ -104,7 +114,7 @@ def layout(shapes) -> dict:
     else:
         sharing, scopes = "all", ("electra", "electra")
     return {"generator": has_gen_encoder or has_gen_head, "sharing": sharing,
-            "gen_scope": scopes[0], "gen_embeddings_scope": scopes[1]}
+            "gen_scope": scopes[0], "gen_embeddings_scope": scopes[1], "electric": False}
 
 
 def infer_config(shapes: dict, vocab_file=None, base: ElectraConfig | None = None) -> ElectraConfig:
@@ -112,7 +122,8 @@ def infer_config(shapes: dict, vocab_file=None, base: ElectraConfig | None = Non
 
     Sizes come from the shapes; heads = max(1, hidden // 64) as in the original
     (`util/training_utils.get_bert_config`); everything the shapes do not say (dropout,
-    activation, objective) comes from `base` (default: ElectraConfig()).
+    activation, objective) comes from `base` (default: ElectraConfig()), except that an Electric
+    checkpoint sets objective "electric".
     """
     vocab, emb = _need(shapes, WORD_EMBEDDINGS)
     hidden = _need(shapes, "electra/encoder/layer_0/attention/self/query/kernel")[1]
@@ -130,9 +141,12 @@ def infer_config(shapes: dict, vocab_file=None, base: ElectraConfig | None = Non
         if found["sharing"] == "all":
             values.update(generator_hidden_size=1.0, generator_layers=1.0)
         else:
-            gen_hidden = _need(shapes, "generator/encoder/layer_0/attention/self/query/kernel")[1]
+            scope = found["gen_scope"]
+            gen_hidden = _need(shapes, f"{scope}/encoder/layer_0/attention/self/query/kernel")[1]
             values.update(generator_hidden_size=gen_hidden / hidden,
-                          generator_layers=_num_layers(shapes, "generator") / layers)
+                          generator_layers=_num_layers(shapes, scope) / layers)
+        if found["electric"]:
+            values["objective"] = "electric"
     values.update(vocab_overrides(vocab_file, vocab))
     base = base or ElectraConfig()
     return ElectraConfig.from_dict({**base.to_dict(), **values}, source="config inferred from checkpoint")
@@ -200,6 +214,11 @@ def build_model(kind: str, config: ElectraConfig, shapes: dict | None = None):
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
     shapes = shapes or {}
+    if config.objective == "electric" and kind != "discriminator":
+        if kind != "pretrainer":
+            raise ConversionError("Electric's two-tower generator converts only with its "
+                                  "discriminator: use kind='pretrainer' (or 'discriminator')")
+        return ElectraPretrainer(config)
     if kind == "discriminator":
         # A fine-tuned checkpoint has no RTD head: build the bare encoder then.
         return Discriminator(config, rtd_head=not shapes

@@ -5,7 +5,9 @@ size per token. Per token and encoder layer 2 (4 H^2 + 2 H I) for Q, K, V, the a
 and the FFN, plus 4 S H for the scores (Q K^T) and the weighted sum (A V); the embedding
 projection 2 E H when E != H. Heads: replaced-token detection 2 (H^2 + H) per token; a masked-LM
 head 2 (h E + E V) per position it scores (the generator's at the N masked slots; the
-`all_tokens_mlm` main model's at every position). Backward is 2 x forward, training 3 x forward.
+`all_tokens_mlm` main model's at every position). Electric's generator is two towers of the
+generator's size and a cloze head of input width 2 h at every position (its causal masks skip no
+matmul). Backward is 2 x forward, training 3 x forward.
 Embedding lookups, softmax, LayerNorm, GELU, sampling and the optimizer are not counted
 (element-wise, a few percent at most).
 """
@@ -33,14 +35,18 @@ def training_flops_per_sequence(config: ElectraConfig, seq_length: int) -> dict:
     objective = config.objective
     slots = config.num_masked_slots(seq_length)
     main = _encoder(config, seq_length)
-    if objective in ("electra", "electra_15", "all_tokens_mlm"):
+    if objective in ("electra", "electra_15", "all_tokens_mlm", "electric"):
         main += seq_length * 2 * (config.hidden_size ** 2 + config.hidden_size)
     if objective in ("replace_mlm", "mlm"):
         main += _mlm_head(config, slots)
     if objective == "all_tokens_mlm":
         main += _mlm_head(config, seq_length)
     gen = 0
-    if objective != "mlm":
+    if objective == "electric":
+        g = config.generator_config()
+        two_towers = g.replace(hidden_size=2 * g.hidden_size)  # the head's input width
+        gen = 2 * _encoder(g, seq_length) + _mlm_head(two_towers, seq_length)
+    elif objective != "mlm":
         g = config.generator_config()
         gen = _encoder(g, seq_length) + _mlm_head(g, slots)
     forward = main + gen
