@@ -311,10 +311,12 @@ def test_signal_to_builder_leaves_no_worker_and_no_partial_shard(tmp_path, imdb4
         while time.time() < deadline and proc.poll() is None:  # until a shard is being written
             if os.path.isdir(out) and any(n.endswith(".tmp") for n in os.listdir(out)):
                 workers = _children(proc.pid)
-                os.kill(proc.pid, signum)  # the builder only, not its process group
-                break
+                if workers:  # (a scan of /proc can miss them while they start: look again)
+                    os.kill(proc.pid, signum)  # the builder only, not its process group
+                    break
             time.sleep(0.005)
-        assert workers, "the builder should be killed while its workers write shards"
+        assert workers, ("the builder should be killed while its workers write shards; it "
+                         f"exited with {proc.poll()}: {stderr_path.read_text(errors='replace')[-1500:]}")
         proc.wait(timeout=30)
         left = _still_running(workers, timeout=5)
     finally:
