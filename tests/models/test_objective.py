@@ -15,6 +15,7 @@ import keras
 
 from electra_tf.config import ElectraConfig
 from electra_tf.models import ElectraPretrainer
+from two_cpus import two_cpu_mirrored
 
 VOCAB, SEQ = 512, 64
 # A learned-vocab layout rather than BERT's 101/102/103, so the pretrainer must pass the ids of
@@ -300,7 +301,7 @@ def test_masks_change_with_the_optimizer_step_and_resume_exactly():
 def test_replicas_draw_different_samples_but_mask_an_example_the_same():
     devices = tf.config.list_logical_devices("CPU")
     assert len(devices) >= 2, "tests/conftest.py configures two logical CPUs"
-    strategy = tf.distribute.MirroredStrategy([d.name for d in devices[:2]])
+    strategy = two_cpu_mirrored()
     with strategy.scope():
         p = ElectraPretrainer(tiny_config(), seed=6)
     features = as_tensors(padded_batch(seed=3))
