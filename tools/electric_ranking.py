@@ -1,8 +1,8 @@
 """Trains a small Electric model on the embedded corpus and checks its sentence scores: how often
-a held-out IMDB sentence outscores the same words shuffled (issue #17; electra_tf/ranking.py).
+a held-out IMDB sentence outscores the same words shuffled (electra_tf/ranking.py).
 
-  python -m tools.electric_ranking --workdir=runs/electric_ranking [--steps=1200] \
-      [--num_documents=2000] [--batch_size=32] [--learning_rate=1e-3] [--num_sentences=200]
+  python -m tools.electric_ranking --workdir=runs/electric_ranking [--steps=6000] \
+      [--num_documents=4000] [--batch_size=64] [--learning_rate=1e-3] [--num_sentences=500]
 
 Prints the result as JSON and writes it to WORKDIR/ranking.json. Each stage (corpus, vocab,
 shards, the run) is reused when complete, so a rerun with more --steps needs a new --workdir.
@@ -24,26 +24,27 @@ _STEPS = flags.DEFINE_integer("steps", _D.steps, "Pretraining steps.")
 _LR = flags.DEFINE_float("learning_rate", _D.learning_rate, "Peak learning rate.")
 _WARMUP = flags.DEFINE_float("warmup_fraction", _D.warmup_fraction, "Warmup, a fraction of steps.")
 _SENTENCES = flags.DEFINE_integer("num_sentences", _D.num_sentences, "Held-out sentences scored.")
-_OVERRIDE = flags.DEFINE_multi_string("override", [], "key=value changes to the demo model "
-                                      "config (values parse as JSON), e.g. num_layers=2.")
+_OVERRIDE = flags.DEFINE_multi_string(
+    "override", [], "key=value changes to the demo model config (values parse as JSON), on top "
+    f"of the defaults {dict(_D.model_overrides)}, e.g. num_layers=4.")
 _SEED = flags.DEFINE_integer("seed", _D.seed, "Data, training and shuffle seed.")
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    overrides = []
+    overrides = dict(_D.model_overrides)
     for item in _OVERRIDE.value:
         key, _, value = item.partition("=")
         try:
-            overrides.append((key, json.loads(value)))
+            overrides[key] = json.loads(value)
         except json.JSONDecodeError:
-            overrides.append((key, value))
+            overrides[key] = value
     result = run(RankingConfig(
         workdir=_WORKDIR.value, num_documents=_DOCS.value, vocab_size=_VOCAB.value,
         max_seq_length=_LEN.value, batch_size=_BATCH.value, steps=_STEPS.value,
         learning_rate=_LR.value, warmup_fraction=_WARMUP.value, num_sentences=_SENTENCES.value,
-        model_overrides=tuple(overrides), seed=_SEED.value))
+        model_overrides=tuple(overrides.items()), seed=_SEED.value))
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"}, indent=2))
 
 

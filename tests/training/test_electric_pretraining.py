@@ -45,7 +45,7 @@ def test_electric_pretrains_from_shards_and_converts_to_tf1_and_back(
     recorded = json.loads((model_dir / "discriminator" / "config.json").read_text())
     assert recorded["objective"] == "electric"  # the exported discriminator knows what it is
 
-    prefix, report = tf1.export_tf1(model, tmp_path / "tf1", global_step=4)
+    _, report = tf1.export_tf1(model, tmp_path / "tf1", global_step=4)
     print(report)  # the mapping report, in the test log
     names = {name for _, name, _ in report.mapped}
     assert {n.split("/")[0] for n in names} == {
