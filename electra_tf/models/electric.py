@@ -34,7 +34,7 @@ import tensorflow as tf
 from electra_tf.models import masking
 from electra_tf.models.encoder import ElectraBackbone, Embeddings, as_electra_config, register
 from electra_tf.models.generator import MaskedLMHead, gather_positions
-from electra_tf.models.pretrainer import global_sum, mlm_loss_terms, weighted_mean
+from electra_tf.models.pretrainer import global_sum, mlm_loss_terms, sampling_seed, weighted_mean
 
 # `ElectraPretrainer`'s metrics for objective "electric". As the authors' eval metrics, mlm_loss /
 # mlm_accuracy are the cloze model's at the masked positions only; cloze_loss (what is trained)
@@ -201,14 +201,7 @@ def electric_objective(pretrainer, features, seed, training=True, *, totals=None
     masked_logits = gather_positions(gen["cloze_logits"], batch.positions)  # [batch, n, vocab]
     mlm_loss, mlm_correct = mlm_loss_terms(masked_logits, batch.masked_ids, batch.weights,
                                            slot_total)
-    replica_seed = seed
-    ctx = tf.distribute.get_replica_context()
-    if ctx is not None and ctx.num_replicas_in_sync > 1:
-        replica_seed = tf.random.experimental.stateless_fold_in(
-            seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
-    if micro_batch is not None:
-        replica_seed = tf.random.experimental.stateless_fold_in(
-            replica_seed, tf.cast(micro_batch, tf.int64))
+    replica_seed = sampling_seed(seed, micro_batch)
     sampled = masking.sample_replacements(
         masked_logits, replica_seed, temperature=c.temperature,
         disallow_ids=batch.masked_ids if c.disallow_correct else None)

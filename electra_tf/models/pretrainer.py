@@ -54,6 +54,18 @@ def weighted_mean(values, weights, global_total):
     return tf.reduce_sum(values * weights) / (global_total + 1e-6)
 
 
+def sampling_seed(seed, micro_batch=None):
+    """The seed of the generator's samples: `seed` folded with the replica id (replicas sample
+    different tokens, while masks stay keyed per example) and with the micro-batch index."""
+    ctx = tf.distribute.get_replica_context()
+    if ctx is not None and ctx.num_replicas_in_sync > 1:
+        seed = tf.random.experimental.stateless_fold_in(
+            seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
+    if micro_batch is not None:
+        seed = tf.random.experimental.stateless_fold_in(seed, tf.cast(micro_batch, tf.int64))
+    return seed
+
+
 def mlm_loss_terms(logits, labels, weights, global_total):
     """Cross-entropy and correctness per slot. logits [..., V] float32, labels [...] int."""
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.cast(labels, tf.int32),
@@ -222,14 +234,7 @@ class ElectraPretrainer(keras.Model):
                  "segment_ids": segment_ids}, training=training, positions=batch.positions)
             mlm_loss, mlm_correct = mlm_loss_terms(gen["mlm_logits"], batch.masked_ids,
                                                    batch.weights, slot_total)
-            replica_seed = seed
-            ctx = tf.distribute.get_replica_context()
-            if ctx is not None and ctx.num_replicas_in_sync > 1:
-                replica_seed = tf.random.experimental.stateless_fold_in(
-                    seed, tf.cast(ctx.replica_id_in_sync_group, tf.int64))
-            if micro_batch is not None:
-                replica_seed = tf.random.experimental.stateless_fold_in(
-                    replica_seed, tf.cast(micro_batch, tf.int64))
+            replica_seed = sampling_seed(seed, micro_batch)
             sampled = masking.sample_replacements(
                 gen["mlm_logits"], replica_seed, temperature=c.temperature,
                 disallow_ids=batch.masked_ids if c.disallow_correct else None)
