@@ -286,25 +286,45 @@ def score_endpoint(discriminator, preprocessor):
     return score, [tf.TensorSpec([None], tf.string, name="text")]
 
 
-def export_scorer(checkpoint, export_dir, *, max_seq_length: int = 128,
-                  lower_case: bool | None = None) -> str:
-    """Writes a SavedModel at `export_dir` whose `score` (also `serving_default`) signature
-    scores raw text with the Electric model of `checkpoint` (see `score_endpoint`)."""
+def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
+                  version: int | None = None, max_seq_length: int | None = None,
+                  lower_case: bool | None = None, verbose: bool = True) -> str:
+    """Exports the Electric model of `checkpoint` for TF Serving, as electra-export does a
+    fine-tuned one: BASE/NAME/VERSION (the next free version by default; never overwritten),
+    written beside and renamed into place, with the custom-op report in `assets.extra`.
+
+    Its `score` signature (also `serving_default`) scores raw text (`score_endpoint`).
+    `max_seq_length` bounds the pieces scored per text ([CLS] and [SEP] included); default the
+    pretraining length the run recorded, else 128. Returns the version folder's path.
+    """
     import keras
 
-    from electra_tf.serving.export import ServingPreprocessor
+    from electra_tf.serving.export import (
+        ServingPreprocessor, check_version, format_report, write_version)
 
+    check_version(export_base, model_name, version)
     scorer = Scorer.from_checkpoint(checkpoint, lower_case=lower_case)
-    if not 2 < max_seq_length <= scorer.config.max_position_embeddings:
-        raise ScoringError(f"max_seq_length must be in (2, {scorer.config.max_position_embeddings}], "
-                           f"got {max_seq_length}")
+    if scorer.config.objective != "electric":
+        raise ScoringError(
+            f"{checkpoint}: a model pretrained with objective={scorer.config.objective!r}: only "
+            "Electric models (objective=electric) score text; fine-tune it (electra-finetune) to "
+            "export a task model")
+    limit = scorer.config.max_position_embeddings
+    max_seq_length = max_seq_length or min(scorer.trained_length or 128, limit)
+    if not 2 < max_seq_length <= limit:
+        raise ScoringError(f"max_seq_length must be in (2, {limit}], got {max_seq_length}")
     pre = ServingPreprocessor(scorer.tokenizer.vocab_file, max_seq_length,
                               lower_case=scorer.tokenizer.lower_case)
     archive = keras.export.ExportArchive()
     archive.track(scorer.discriminator)
-    archive.track(pre)
+    archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
     fn, spec = score_endpoint(scorer.discriminator, pre)
     archive.add_endpoint("score", fn, input_signature=spec)
     archive.add_endpoint("serving_default", fn, input_signature=spec)
-    archive.write_out(str(export_dir), verbose=False)
-    return str(export_dir)
+    report = {"model_name": model_name, "family": "electric", "task": "score",
+              "max_seq_length": max_seq_length, "lower_case": scorer.tokenizer.lower_case,
+              "text_pair": False, "ids_only": False, "label_names": None}
+    target = write_version(archive, report, str(export_base), model_name, version)
+    if verbose:
+        print(format_report(target, report))
+    return target

@@ -5,7 +5,12 @@
     electra-serve --model_base_path=/tmp/export/electra
 
 `--checkpoint` is what electra-finetune wrote: its `--model_dir` (its `best/` is used), or a
-`best/` folder; `~` is expanded in both paths. The in-graph tokenizer lower-cases (and strips
+`best/` folder; `~` is expanded in both paths. An Electric model (an `--override
+objective=electric` pretraining run's `--model_dir`, or its `discriminator/`) is exported with a
+`score` signature instead: raw sentences in, their scores out (`electra_tf/scoring.py`):
+
+    electra-export --checkpoint=runs/electric --export_base=/tmp/export --model_name=electric
+ The in-graph tokenizer lower-cases (and strips
 accents) only if the model was fine-tuned so (`lower_case` in `best/head_config.json`).
 Signatures, the custom-op report and the TF Serving versions that can load the result:
 `electra_tf/serving/export.py` and `serving/README.md`.
@@ -30,6 +35,10 @@ _VERSION = flags.DEFINE_integer("version", None, "Version folder (a positive int
 _TEXT_PAIR = flags.DEFINE_bool(
     "text_pair", None, "Sentence tasks: take a `text_pair` input too. Default: as the task was "
     "fine-tuned (predefined pair tasks such as mrpc, or a text_pair entry in head_config.json).")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer(
+    "max_seq_length", None, "Electric models only: WordPieces scored per text, [CLS] and [SEP] "
+    "included (longer texts are cut and flagged `truncated`). Default: the pretraining length.",
+    lower_bound=3)
 _IDS_ONLY = flags.DEFINE_bool(
     "ids_only", False, "Only the token-id signature (as serving_default and serve_ids): no TF Text "
     "ops, for TF Serving builds without TF Text; clients tokenize with assets/vocab.txt.")
@@ -38,14 +47,42 @@ _IDS_ONLY = flags.DEFINE_bool(
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    checkpoint = os.path.expanduser(_CHECKPOINT.value)
+    export_base = os.path.expanduser(_EXPORT_BASE.value)
     try:
-        from electra_tf.serving.export import export_finetuned  # TensorFlow: after the flags
+        from electra_tf.finetune.saving import find_finetuned  # TensorFlow: after the flags
 
-        export_finetuned(os.path.expanduser(_CHECKPOINT.value), os.path.expanduser(_EXPORT_BASE.value),
-                         _MODEL_NAME.value, version=_VERSION.value, pair=_TEXT_PAIR.value,
-                         ids_only=_IDS_ONLY.value)
+        try:
+            find_finetuned(checkpoint)
+        except FileNotFoundError as not_finetuned:
+            _export_electric(checkpoint, export_base, not_finetuned)
+            return
+        from electra_tf.serving.export import export_finetuned
+
+        if _MAX_SEQ_LENGTH.value is not None:
+            raise ValueError("--max_seq_length is for Electric models; a fine-tuned model is "
+                             "exported at the length it was fine-tuned with")
+        export_finetuned(checkpoint, export_base, _MODEL_NAME.value, version=_VERSION.value,
+                         pair=_TEXT_PAIR.value, ids_only=_IDS_ONLY.value)
     except (FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")
+
+
+def _export_electric(checkpoint: str, export_base: str, not_finetuned: Exception) -> None:
+    """A `score` SavedModel from an Electric checkpoint; `not_finetuned` says why the checkpoint
+    was not read as a fine-tuned model (part of the error when it is not Electric either)."""
+    from electra_tf.scoring import ScoringError, export_scorer
+
+    if _IDS_ONLY.value or _TEXT_PAIR.value:
+        raise ValueError("--ids_only and --text_pair are for fine-tuned models; an Electric model "
+                         "exports one `score` signature over raw text")
+    if not os.path.exists(checkpoint) and not os.path.exists(checkpoint + ".index"):
+        raise FileNotFoundError(f"{checkpoint}: no such file or folder")
+    try:
+        export_scorer(checkpoint, export_base, _MODEL_NAME.value, version=_VERSION.value,
+                      max_seq_length=_MAX_SEQ_LENGTH.value)
+    except ScoringError as e:
+        raise ValueError(f"{not_finetuned}; read as an Electric model: {e}") from None
 
 
 def run():

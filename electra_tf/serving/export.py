@@ -460,13 +460,7 @@ def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_fil
         model = FinetunedModelConfig.for_head(head, **model)
     if pair is not None:
         model = model.replace(text_pair=bool(pair))
-    model_base = os.path.join(export_base, model_name)
-    if version is not None and (int(version) <= 0 or int(version) != version):
-        raise ValueError(f"version must be a positive integer, got {version!r}")
-    if version is not None and os.path.exists(os.path.join(model_base, str(version))):
-        raise FileExistsError(f"{os.path.join(model_base, str(version))} exists; versions are never overwritten")
-    os.makedirs(model_base, exist_ok=True)
-
+    check_version(export_base, model_name, version)
     pre = ServingPreprocessor(vocab_file, model.max_seq_length, model.lower_case)
     archive = keras.export.ExportArchive()
     archive.track(head)
@@ -480,17 +474,29 @@ def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_fil
               "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
               "text_pair": get_family(model.family).text_pair(model), "ids_only": bool(ids_only),
               "label_names": model.label_names}
-    target = _write_version(archive, report, export_base, model_base, model_name, version)
+    target = write_version(archive, report, export_base, model_name, version)
     if verbose:
         print(format_report(target, report))
     return target
 
 
-def _write_version(archive, report: dict, export_base: str, model_base: str, model_name: str,
-                   version: int | None) -> str:
+def check_version(export_base: str, model_name: str, version: int | None) -> None:
+    """Raises before any work if `version` is not a positive integer or BASE/NAME/VERSION exists."""
+    if version is not None and (int(version) <= 0 or int(version) != version):
+        raise ValueError(f"version must be a positive integer, got {version!r}")
+    target = os.path.join(export_base, model_name, str(version))
+    if version is not None and os.path.exists(target):
+        raise FileExistsError(f"{target} exists; versions are never overwritten")
+
+
+def write_version(archive, report: dict, export_base: str, model_name: str,
+                  version: int | None) -> str:
     """Writes the archive beside BASE/NAME, completes `report` (signatures, ops, version) into
-    its `assets.extra`, then renames it to BASE/NAME/VERSION: a polling server never sees half a
-    model, and two exports never take the same version."""
+    its `assets.extra`, then renames it to BASE/NAME/VERSION (the next free version if None): a
+    polling server never sees half a model, and two exports never take the same version."""
+    check_version(export_base, model_name, version)
+    model_base = os.path.join(export_base, model_name)
+    os.makedirs(model_base, exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
     try:
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts

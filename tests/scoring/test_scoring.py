@@ -7,8 +7,11 @@ model: these tests pin the arithmetic and the plumbing, `test_ranking.py` what t
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -139,9 +142,9 @@ def test_progress_lines_give_rate_and_eta(discriminator, vocab_file):
     assert all("sentences/s" in line and "ETA" in line for line in lines)
 
 
-def score_cli(*args, stdin=None):
+def cli(module, *args, stdin=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, "-m", "tools.score", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                           input=stdin, capture_output=True, text=True, timeout=300)
 
 
@@ -150,7 +153,7 @@ def test_electra_score_command(checkpoint, tmp_path):
     text = tmp_path / "in.txt"
     text.write_text("\n".join([*SENTENCES, ""]) + "\n", encoding="utf-8")
     out = tmp_path / "scores.jsonl"
-    done = score_cli(f"--checkpoint={checkpoint}", f"--input={text}", f"--output={out}",
+    done = cli("tools.score", f"--checkpoint={checkpoint}", f"--input={text}", f"--output={out}",
                      "--format=jsonl", "--batch_size=2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sentence 6/6" in done.stderr  # the progress line
@@ -160,7 +163,7 @@ def test_electra_score_command(checkpoint, tmp_path):
     np.testing.assert_allclose([r["score"] for r in rows], [w.score for w in want], atol=1e-4)
     assert rows[0]["tokens"] == want[0].tokens and rows[-1]["score"] == 0.0
 
-    tsv = score_cli(f"--checkpoint={checkpoint}", "--input=-", stdin="the film was great .\n")
+    tsv = cli("tools.score", f"--checkpoint={checkpoint}", "--input=-", stdin="the film was great .\n")
     assert tsv.returncode == 0, tsv.stderr[-2000:]
     score, sentence = tsv.stdout.rstrip("\n").split("\t")
     assert sentence == "the film was great ." and float(score) == pytest.approx(want[0].score, abs=1e-4)
@@ -170,15 +173,25 @@ def test_electra_score_command(checkpoint, tmp_path):
     for args, message in (([f"--input={bad}"], f"{bad}:2: not UTF-8 text"),
                           ([f"--input={tmp_path / 'missing.txt'}"], "cannot read"),
                           ([f"--input={text}", f"--checkpoint={tmp_path}"], "no checkpoint found")):
-        failed = score_cli(f"--checkpoint={checkpoint}", *args)
+        failed = cli("tools.score", f"--checkpoint={checkpoint}", *args)
         assert failed.returncode == 1
         last = failed.stderr.strip().splitlines()[-1]
         assert last.startswith("electra-score: error:") and message in last, failed.stderr[-1000:]
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.slow
 def test_exported_score_signature_matches_the_library(checkpoint, tmp_path):
-    path = export_scorer(checkpoint, tmp_path / "export", max_seq_length=24)
+    path = export_scorer(checkpoint, tmp_path / "export", "electric", max_seq_length=24,
+                         verbose=False)
+    assert path == str(tmp_path / "export" / "electric" / "1")
+    report = json.loads((tmp_path / "export/electric/1/assets.extra/electra_export.json").read_text())
+    assert set(report["signatures"]) == {"score", "serving_default"}
     score = tf.saved_model.load(path).signatures["score"]
     texts = SENTENCES[:4] + ["the film was great " * 6]
     out = score(text=tf.constant(texts))
@@ -187,3 +200,63 @@ def test_exported_score_signature_matches_the_library(checkpoint, tmp_path):
     assert out["num_tokens"].numpy().tolist()[:4] == [len(w.tokens) for w in want]
     assert out["truncated"].numpy().tolist() == [False] * 4 + [True]
     assert out["num_tokens"].numpy()[4] == 22
+    # The next export takes the next version; an existing one is never overwritten.
+    assert export_scorer(checkpoint, tmp_path / "export", "electric", max_seq_length=24,
+                         verbose=False).endswith("/electric/2")
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        export_scorer(checkpoint, tmp_path / "export", "electric", version=1)
+
+
+@pytest.mark.slow
+def test_electra_export_serves_electric_scores_from_another_process(checkpoint, tmp_path):
+    """electra-export writes the `score` signature of an Electric checkpoint; electra-serve, in
+    its own process, answers REST :predict with the library's scores."""
+    base = tmp_path / "export"
+    done = cli("tools.export", f"--checkpoint={checkpoint}", f"--export_base={base}",
+               "--model_name=electric", "--max_seq_length=32")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "score(text) -> " in done.stdout and (base / "electric/1/saved_model.pb").exists()
+    rest = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tools.serve", f"--model_base_path={base / 'electric'}",
+         f"--rest_api_port={rest}", "--port=0", "--file_system_poll_wait_seconds=0"],
+        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{rest}/v1/models/electric"
+        for _ in range(240):
+            try:
+                if b"AVAILABLE" in urllib.request.urlopen(url, timeout=1).read():
+                    break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise AssertionError("electra-serve did not come up")
+        body = json.dumps({"signature_name": "score", "instances": SENTENCES}).encode()
+        answer = json.loads(urllib.request.urlopen(
+            urllib.request.Request(url + ":predict", data=body), timeout=60).read())
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    want = score_texts(checkpoint, SENTENCES)
+    got = answer["predictions"]
+    np.testing.assert_allclose([p["score"] for p in got], [w.score for w in want], atol=1e-4)
+    assert [p["num_tokens"] for p in got] == [len(w.tokens) for w in want]
+    for p, w in zip(got, want):  # each row's token scores, then zeros for [SEP] and padding
+        np.testing.assert_allclose(p["token_scores"][1:len(w.tokens) + 1], w.token_scores,
+                                   atol=1e-5)
+        assert p["token_scores"][0] == 0.0 and not p["truncated"]
+
+
+def test_electra_export_explains_what_it_cannot_export(tmp_path, checkpoint):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    failed = cli("tools.export", f"--checkpoint={empty}", f"--export_base={tmp_path / 'out'}")
+    assert failed.returncode == 1
+    last = failed.stderr.strip().splitlines()[-1]
+    assert last.startswith("electra-export: ") and "no fine-tuned model" in last, failed.stderr
+    assert "Electric" in last
+    flag = cli("tools.export", f"--checkpoint={checkpoint}", f"--export_base={tmp_path / 'out'}",
+               "--ids_only")
+    assert flag.returncode == 1 and "--ids_only" in flag.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "electra").exists()
