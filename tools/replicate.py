@@ -1,7 +1,7 @@
 """ELECTRA vs the MLM baseline and the paper's other objectives at equal pretraining compute.
 
   python -m tools.replicate [--workdir=runs/replication] [--electra_steps=4000] [--num_seeds=3]
-      [--num_points=2] [--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm]
+      [--num_points=2] [--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm[,electric]]
       [--eval_split=dev|tune]
 
 Writes results.json, results.md (the table) and accuracy_vs_compute.png into --workdir.
@@ -15,7 +15,9 @@ from absl import app, flags
 from electra_tf import cli, replication
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/replication", "Output folder.")
-_VARIANTS = flags.DEFINE_list("variants", list(replication.VARIANTS), "Objectives to compare.")
+_VARIANTS = flags.DEFINE_list(
+    "variants", list(replication.VARIANTS), "Objectives to compare: the paper's Table 5 by "
+    f"default; any of {','.join(replication.ALL_VARIANTS)} (electric: Electric, EMNLP 2020).")
 _STEPS = flags.DEFINE_integer("electra_steps", replication.ReplicationConfig.electra_steps,
                               "ELECTRA's pretraining steps (the budget; default the demo's).")
 _POINTS = flags.DEFINE_integer("num_points", 2, "Fine-tuned checkpoints along the budget.")

@@ -17,7 +17,8 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     workdir = tmp_path / "replication"
     cmd = [sys.executable, "-m", "tools.replicate", f"--workdir={workdir}", "--electra_steps=10",
            "--num_points=1", "--num_seeds=2", "--finetune_examples=256", "--finetune_epochs=1",
-           "--corpus_scale=0.008", "--eval_split=tune"]
+           "--corpus_scale=0.008", "--eval_split=tune",
+           "--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm,electric"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -26,14 +27,18 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     steps = {v: s for v, (s, _) in results["plan"].items()}
     flops = {v: s * f for v, (s, f) in results["plan"].items()}
     assert steps["mlm"] >= steps["electra"]
-    assert set(steps) == {"electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm"}
+    assert set(steps) == {"electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm", "electric"}
+    # Electric's two towers and its cloze head at every position cost more per step.
+    assert steps["electric"] < steps["electra"]
     # Equal up to whole steps: the plan rounds each run to a multiple of num_points (1 here).
     per_step = {v: f for v, (_, f) in results["plan"].items()}
-    assert abs(flops["mlm"] - flops["electra"]) <= per_step["mlm"] / 2
+    for variant in steps:
+        assert abs(flops[variant] - flops["electra"]) <= per_step[variant] / 2
     assert {r["variant"] for r in results["runs"]} == {"random_init", *steps}
     assert all(len(r["accuracies"]) == 2 for r in results["runs"])
     table = (workdir / "results.md").read_text()
     assert "| ELECTRA |" in table and "| BERT (MLM) |" in table and "| All-Tokens MLM |" in table
+    assert "| Electric |" in table
     assert "RT held-out train acc. median" in table  # scored on the tuning slice, not dev
     assert (workdir / "finetune_random_tune" / "results.json").exists()
     png = workdir / "accuracy_vs_compute.png"
