@@ -107,6 +107,9 @@ def test_collapse_warning_only_for_a_chance_level_discriminator_after_the_warmup
     assert pretraining.collapse_warning({"disc_auc": 0.501}, 100, config) is None  # in warmup
     assert pretraining.collapse_warning({"disc_auc": 0.70}, 200, config) is None
     assert pretraining.collapse_warning({"mlm_loss": 6.5}, 200, config) is None  # no RTD
+    # Electric's NCE logit includes log q: chance-level AUC is no sign of collapse there.
+    assert pretraining.collapse_warning({"disc_auc": 0.501}, 200, config, "electric") is None
+    assert pretraining.collapse_warning({"disc_auc": 0.501}, 200, config, "electra_15")
 
 
 # --- in-process runs ----------------------------------------------------------------------------
