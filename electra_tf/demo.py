@@ -267,7 +267,7 @@ def comparison(pretrained: dict, random_init: dict) -> dict:
 
 
 def export(cfg: DemoConfig, finetuned_dir: str) -> str:
-    from electra_tf.serving.export import export_finetuned
+    from electra_tf.export import export_finetuned
 
     base = cfg.path("export")
     model_base = os.path.join(base, cfg.model_name)
@@ -308,8 +308,8 @@ def serve_and_query(cfg: DemoConfig, export_path: str, finetuned_dir: str,
     in-process model, and stops it."""
     import numpy as np
 
-    from serving.client import RestClient
-    from serving.server import ModelServer
+    from electra_tf.serving.client import RestClient
+    from electra_tf.serving.server import ModelServer
 
     model_base = os.path.dirname(export_path)
     with ModelServer(model_base, cfg.model_name, rest_port=0, grpc_port=None) as server:

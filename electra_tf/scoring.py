@@ -261,7 +261,7 @@ def progress_logger(every_seconds: float = 10.0, log_fn=None):
 def score_endpoint(discriminator, preprocessor):
     """(fn, input_signature) of a `score` signature: raw text in, Electric scores out.
 
-    `preprocessor` is a `serving.export.ServingPreprocessor` (in-graph WordPiece; its
+    `preprocessor` is a `electra_tf.export.ServingPreprocessor` (in-graph WordPiece; its
     max_seq_length bounds the pieces scored). Outputs: `score` float32 [B], `token_scores`
     float32 [B, S] (0 at [CLS], [SEP] and padding; S is the batch's longest packed row),
     `num_tokens` int32 [B] (pieces scored) and `truncated` bool [B] (the text had more pieces
@@ -292,7 +292,7 @@ def export_scorer(checkpoint, export_dir, *, max_seq_length: int = 128,
     scores raw text with the Electric model of `checkpoint` (see `score_endpoint`)."""
     import keras
 
-    from electra_tf.serving.export import ServingPreprocessor
+    from electra_tf.export import ServingPreprocessor
 
     scorer = Scorer.from_checkpoint(checkpoint, lower_case=lower_case)
     if not 2 < max_seq_length <= scorer.config.max_position_embeddings:

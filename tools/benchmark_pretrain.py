@@ -1,8 +1,8 @@
 """Pretraining throughput on this machine: electra_tf's paths, the PyTorch reference, the matmul bound.
 
-  python -m tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
+  python -m electra_tf.tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
       [--rows=function,binary,binary_bf16,torch] [--steps=6] [--rounds=3] [--loss_steps=0]
-  python -m tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
+  python -m electra_tf.tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
 
 Rows (dropout on, the full objective):
   eager           `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
@@ -213,7 +213,7 @@ def matmul_bound(model_config, features, worker=None) -> dict:
     """The step's matmuls (from the traced fp32 bare step) timed alone with TF (and torch)."""
     import tensorflow as tf
 
-    from tools import matmul_bound as mb
+    from electra_tf.tools import matmul_bound as mb
 
     model = _bare_model(model_config)
     counts = mb.step_matmuls(tf.function(model.train_step).get_concrete_function(features))
@@ -236,7 +236,7 @@ def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisio
     for precision in ("none", *precisions):
         out = os.path.join(workdir, f"loss_{precision}.json")
         logging.info("loss trajectory, %d steps, mixed precision %s ...", steps, precision)
-        subprocess.run([sys.executable, "-m", "tools.loss_trajectory", f"--config={config_name}",
+        subprocess.run([sys.executable, "-m", "electra_tf.tools.loss_trajectory", f"--config={config_name}",
                         f"--steps={steps}", f"--batch_size={batch}", f"--seq_length={seq}",
                         f"--mixed_precision={precision}", f"--out={out}"],
                        check=True, stdout=subprocess.DEVNULL)
@@ -248,7 +248,7 @@ def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisio
 def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     import tensorflow as tf
 
-    from tools import matmul_bound as mb
+    from electra_tf.tools import matmul_bound as mb
 
     model_config, samples = measured["model_config"], measured["samples"]
     bound, tokens = measured.get("bound"), measured["tokens"]
@@ -326,10 +326,10 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
 
 
 def serve_row(row: str, workdir: str) -> None:
-    """The child side of one row (`--serve_row`): builds and serves it (`tools.row_worker`)."""
+    """The child side of one row (`--serve_row`): builds and serves it (`electra_tf.tools.row_worker`)."""
     import tensorflow as tf
 
-    from tools import row_worker
+    from electra_tf.tools import row_worker
 
     model_config, batches, setup = row_worker.load_inputs(workdir)
     batches = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
@@ -348,7 +348,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     import numpy as np
 
     from electra_tf.config import ElectraConfig
-    from tools import row_worker
+    from electra_tf.tools import row_worker
 
     base_config = ElectraConfig.from_json(config_name)
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
@@ -364,13 +364,15 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
             logging.info("building and warming up row %s ...", row)
             env = None
             if row == "torch":
-                command = [sys.executable, "-m", "tools.torch_reference", workdir]
+                command = [sys.executable, "-m", "electra_tf.tools.torch_reference", workdir]
             elif row == "model_garden":
-                command = [_MODEL_GARDEN.value, "-m", "tools.model_garden_reference", workdir]
+                # By file: the side venv has `electra_tf` on PYTHONPATH but no install of it.
+                command = [_MODEL_GARDEN.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                             "model_garden_reference.py"), workdir]
                 env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
-                    os.path.abspath(__file__)))}
+                    os.path.abspath(cli.__file__)))}
             else:
-                command = [sys.executable, "-m", "tools.benchmark_pretrain", f"--serve_row={row}",
+                command = [sys.executable, "-m", "electra_tf.tools.benchmark_pretrain", f"--serve_row={row}",
                            f"--workdir={workdir}"]
             try:
                 workers[row] = row_worker.Worker(command, row, env)
@@ -445,7 +447,7 @@ def main(argv):
         rows = (*rows, "model_garden")
     rows = tuple(row for row in rows if row not in skipped)
     if "torch" in rows:
-        from tools.torch_reference import available
+        from electra_tf.tools.torch_reference import available
 
         reason = available()
         if reason:

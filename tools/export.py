@@ -8,7 +8,7 @@
 `best/` folder; `~` is expanded in both paths. The in-graph tokenizer lower-cases (and strips
 accents) only if the model was fine-tuned so (`lower_case` in `best/head_config.json`).
 Signatures, the custom-op report and the TF Serving versions that can load the result:
-`electra_tf/serving/export.py` and `serving/README.md`.
+`electra_tf/export.py` and `serving/README.md`.
 """
 
 import os
@@ -39,7 +39,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        from electra_tf.serving.export import export_finetuned  # TensorFlow: after the flags
+        from electra_tf.export import export_finetuned  # TensorFlow: after the flags
 
         export_finetuned(os.path.expanduser(_CHECKPOINT.value), os.path.expanduser(_EXPORT_BASE.value),
                          _MODEL_NAME.value, version=_VERSION.value, pair=_TEXT_PAIR.value,

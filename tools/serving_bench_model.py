@@ -47,7 +47,7 @@ def export_small_classifier(work: str, vocab_file: str | None, max_seq_length: i
     from electra_tf.data import corpus
     from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune.heads import SentenceClassifier
-    from electra_tf.serving.export import export_head
+    from electra_tf.export import export_head
 
     os.makedirs(work, exist_ok=True)
     sentences = [text for text, _ in corpus.rotten_tomatoes()]

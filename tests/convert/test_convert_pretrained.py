@@ -73,7 +73,7 @@ def test_report_is_readable():
 
 
 def run_convert(*args):
-    result = subprocess.run([sys.executable, "-m", "tools.convert", *args], cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "electra_tf.tools.convert", *args], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -190,9 +190,9 @@ def test_binaries_report_a_truncated_checkpoint_in_one_line(written, tmp_path):
     for case in ("hf-safetensors-body", "tf1-data", "electra_tf-data"):
         folder, path = truncated_copy(written, tmp_path, case)
         commands = {
-            "electra-convert": ["tools.convert", f"--input={folder}",
+            "electra-convert": ["electra_tf.tools.convert", f"--input={folder}",
                                 f"--output={tmp_path / (case + '-out')}", "--output_format=hf"],
-            "electra-finetune": ["tools.finetune", "--task=classification", f"--train_file={train}",
+            "electra-finetune": ["electra_tf.tools.finetune", "--task=classification", f"--train_file={train}",
                                  f"--eval_file={train}", "--text_column=text",
                                  "--label_column=label", f"--init_checkpoint={folder}",
                                  f"--model_dir={tmp_path / (case + '-ft')}"],

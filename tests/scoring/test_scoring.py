@@ -141,7 +141,7 @@ def test_progress_lines_give_rate_and_eta(discriminator, vocab_file):
 
 def score_cli(*args, stdin=None):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, "-m", "tools.score", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "electra_tf.tools.score", *args], cwd=REPO, env=env,
                           input=stdin, capture_output=True, text=True, timeout=300)
 
 

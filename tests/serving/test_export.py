@@ -1,4 +1,4 @@
-"""electra_tf.serving.export: every head exported, loaded in a process that imports only
+"""electra_tf.export: every head exported, loaded in a process that imports only
 tensorflow + tensorflow_text, and compared with the in-process Keras model on the inputs
 `features.py` builds for the same text; the custom-op report; versions; a real server.
 
@@ -26,7 +26,7 @@ from electra_tf.finetune.heads import (
     MultipleChoiceClassifier, SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger)
 from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample, Task, get_task
 from electra_tf.finetune.saving import describe_finetuned, save_finetuned
-from electra_tf.serving import export as E
+from electra_tf import export as E
 
 SEQ = 24
 QA_SEQ = 40
@@ -642,8 +642,8 @@ def test_export_folder_gets_the_normal_mode(cases, vocab_file, export_base):
 
 
 def test_served_over_rest_and_grpc_equals_in_process(exports, export_base, cases):
-    from serving.client import GrpcClient, RestClient
-    from serving.server import ModelServer
+    from electra_tf.serving.client import GrpcClient, RestClient
+    from electra_tf.serving.server import ModelServer
 
     case = cases["pair"]
     with ModelServer(os.path.join(export_base, "pair"), "pair", rest_port=0, grpc_port=0) as server:
@@ -664,9 +664,9 @@ def test_served_sentences_padded_to_the_longest_row_equal_keras(exports, cases, 
     """The sentence signatures pad a batch to its longest row, not to max_seq_length: a batch of
     short texts (padded to < SEQ) and the same texts with a long one among them (padded to SEQ)
     get, over REST, the Keras head's answers on the SEQ-padded features, to 1e-5."""
-    from serving.client import RestClient
-    from serving.model_config import ModelConfig
-    from serving.server import ModelServer
+    from electra_tf.serving.client import RestClient
+    from electra_tf.serving.model_config import ModelConfig
+    from electra_tf.serving.server import ModelServer
 
     case = cases[name]
     pair = "text_pair" in case.text_inputs
@@ -752,7 +752,7 @@ def test_electra_export_binary(finetuned, tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
     def electra_export(*flags):  # --checkpoint as ~/...: the binary expands it
-        return subprocess.run([sys.executable, "-m", "tools.export", f"--checkpoint=~/{finetuned.name}/classification",
+        return subprocess.run([sys.executable, "-m", "electra_tf.tools.export", f"--checkpoint=~/{finetuned.name}/classification",
                                f"--export_base={tmp_path}", "--model_name=cli", *flags], cwd=repo,
                               capture_output=True, text=True, timeout=300,
                               env=dict(os.environ, HOME=str(finetuned.parent)))

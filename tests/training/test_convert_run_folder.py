@@ -27,7 +27,7 @@ def _run_weights(model_dir) -> ElectraPretrainer:
 
 
 def _convert(*args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tools.convert", *args], cwd=pretraining_repo(),
+    proc = subprocess.run([sys.executable, "-m", "electra_tf.tools.convert", *args], cwd=pretraining_repo(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

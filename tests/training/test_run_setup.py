@@ -173,7 +173,7 @@ def test_the_binary_needs_neither_vocab_nor_length_with_a_manifest(pretrain_shar
 
 def test_the_binarys_choices_are_the_librarys(th):
     """tools/pretrain.py spells the choices out (its --help imports no TensorFlow)."""
-    check = ("import tools.pretrain as t; from electra_tf.training import pretraining as p, "
+    check = ("import electra_tf.tools.pretrain as t; from electra_tf.training import pretraining as p, "
              "strategy as s; "
              "assert t.STRATEGIES == s.STRATEGIES, t.STRATEGIES; "
              "assert t.OPTIMIZERS == p.OPTIMIZERS, t.OPTIMIZERS; "
