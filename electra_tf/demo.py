@@ -284,6 +284,7 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
     """The fine-tuned Keras model's own predictions (Python tokenization), for comparison."""
     import numpy as np
 
+    from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune import features, task_data
     from electra_tf.finetune.saving import load_finetuned
@@ -293,7 +294,7 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
     examples = [task_data.SentenceExample(eid=i, text=s, label=0)
                 for i, s in enumerate(sentences)]
     arrays = features.featurize_sentences(examples, tok, model.max_seq_length)
-    logits = head({k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")},
+    logits = head({k: arrays[k] for k in INPUT_KEYS},
                   training=False)["logits"]
     logits = np.asarray(logits, np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))

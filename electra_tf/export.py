@@ -75,11 +75,11 @@ from typing import Any, Mapping
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.config import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
-from electra_tf.finetune.features import INPUT_KEYS
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"

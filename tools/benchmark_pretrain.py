@@ -149,8 +149,9 @@ def in_memory_batches(data, batch: int, seq: int, count: int) -> list:
     """The first `count` batches of the shards, as dicts of int32 tensors."""
     import tensorflow as tf
 
-    spec = {n: tf.io.FixedLenFeature([seq], tf.int64)
-            for n in ("input_ids", "input_mask", "segment_ids")}
+    from electra_tf.data.inputs import INPUT_KEYS
+
+    spec = {n: tf.io.FixedLenFeature([seq], tf.int64) for n in INPUT_KEYS}
     records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).repeat()
     parsed = records.batch(batch, drop_remainder=True).map(
         lambda r: {k: tf.cast(v, tf.int32) for k, v in tf.io.parse_example(r, spec).items()})

@@ -52,6 +52,7 @@ def main(argv):
     del argv
     import tensorflow as tf
 
+    from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.finetune import features as F
     from electra_tf.finetune.task_data import SentenceExample
     from electra_tf.serving.client import GrpcClient, RestClient
@@ -88,7 +89,7 @@ def main(argv):
         texts = tf.constant(batches[b])
         measure("saved_model", b, lambda: text_fn(text=texts)["label"].numpy())
     for b in batch_sizes:
-        tensors = {k: tf.constant(ids[b][k]) for k in ("input_ids", "input_mask", "segment_ids")}
+        tensors = {k: tf.constant(ids[b][k]) for k in INPUT_KEYS}
         measure("saved_model ids", b, lambda: ids_fn(**tensors)["logits"].numpy())
     del loaded, text_fn, ids_fn
 

@@ -32,9 +32,9 @@ from typing import NamedTuple, Sequence
 import tensorflow as tf
 from absl import logging
 
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.training.progress import format_duration
 
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
 
 
@@ -61,7 +61,7 @@ def _example_problem(serialized: bytes, seq_length: int) -> str | None:
         example = tf.train.Example.FromString(serialized)
     except Exception as e:  # protobuf DecodeError
         return f"not a tf.train.Example ({e})"
-    for name in FEATURE_NAMES:
+    for name in INPUT_KEYS:
         feature = example.features.feature.get(name)
         if feature is None:
             return f"no feature {name!r}; not a pretraining shard"
@@ -195,7 +195,7 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
             raise CorruptShardError(f"{path}: record 0 at byte 0: {problem}")
     sizes = [tf.io.gfile.stat(f).length for f in files]
     total = sum(sizes)
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
 
     def summarize(index, records):  # -> (file index, records, bytes, real tokens)
         parsed = tf.io.parse_example(records, features)  # fails on a record that is no example
@@ -262,7 +262,7 @@ def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
     Whole batches first, then record by record from the batch that failed. Raises
     CorruptShardError for an intact record that is not a pretraining example.
     """
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
     record = offset = 0
     batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
     while True:
@@ -408,11 +408,11 @@ def pretraining_dataset(
     if is_training:
         d = d.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
 
     def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
         parsed = tf.io.parse_example(records, features)
-        return {n: tf.cast(parsed[n], tf.int32) for n in FEATURE_NAMES}
+        return {n: tf.cast(parsed[n], tf.int32) for n in INPUT_KEYS}
 
     d = d.batch(per_replica_batch, drop_remainder=drop_remainder)
     d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)

@@ -62,7 +62,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+from electra_tf.data.inputs import INPUT_KEYS, pack_segments
+
 SHARD_PREFIX = "pretrain_data.tfrecord"
 MANIFEST = "manifest.json"
 BUILD_CONFIG = ".build_config.json"
@@ -176,14 +177,8 @@ class ExampleBuilder:
         return self.make_features(first, second)
 
     def make_features(self, first: Sequence[int], second: Sequence[int]):
-        input_ids = [self.cls_id, *first, self.sep_id]
-        segment_ids = [0] * len(input_ids)
-        if second:
-            input_ids += [*second, self.sep_id]
-            segment_ids += [1] * (len(second) + 1)
-        n = len(input_ids)
-        pad = [0] * (self.max_length - n)
-        return input_ids + pad, [1] * n + pad, segment_ids + pad
+        # No B segment when it is empty; padding is a literal 0 whatever the [PAD] id.
+        return pack_segments(first, second or None, self.max_length, self.cls_id, self.sep_id, pad_id=0)
 
 
 class ExampleSerializer:
@@ -198,7 +193,7 @@ class ExampleSerializer:
         import tensorflow as tf
 
         self._example = tf.train.Example()
-        self._lists = [self._example.features.feature[n].int64_list for n in FEATURE_NAMES]
+        self._lists = [self._example.features.feature[n].int64_list for n in INPUT_KEYS]
 
     def __call__(self, input_ids, input_mask, segment_ids) -> bytes:
         for int64_list, values in zip(self._lists, (input_ids, input_mask, segment_ids)):
@@ -211,7 +206,7 @@ def parse_example(record: bytes) -> dict:
     import tensorflow as tf
 
     example = tf.train.Example.FromString(record)
-    return {n: list(example.features.feature[n].int64_list.value) for n in FEATURE_NAMES}
+    return {n: list(example.features.feature[n].int64_list.value) for n in INPUT_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from electra_tf.finetune.features import INPUT_KEYS
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.models.discriminator import Discriminator
 from electra_tf.models.encoder import (
     activation, as_electra_config, electra_kernel_initializer, register)

@@ -85,6 +85,7 @@ from absl import logging
 
 from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
 from electra_tf.data import pipeline
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
 from electra_tf.training.progress import ProgressLogger
@@ -321,11 +322,11 @@ def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, 
         if offset:
             d = d.skip(offset)
         features = {n: tf.io.FixedLenFeature([seq_length], tf.int64)
-                    for n in pipeline.FEATURE_NAMES}
+                    for n in INPUT_KEYS}
 
         def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
             parsed = tf.io.parse_example(records, features)
-            return {n: tf.cast(parsed[n], tf.int32) for n in pipeline.FEATURE_NAMES}
+            return {n: tf.cast(parsed[n], tf.int32) for n in INPUT_KEYS}
 
         d = d.batch(per_replica, drop_remainder=True)
         d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

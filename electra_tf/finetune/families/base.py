@@ -58,7 +58,7 @@ class Features:
     """A set of examples featurized for the model.
 
     examples: the examples, in order.
-    arrays: numpy [N, ...]: the head's inputs (`heads.INPUT_KEYS`) and, for labelled examples,
+    arrays: numpy [N, ...]: the head's inputs (`data.inputs.INPUT_KEYS`) and, for labelled examples,
       its labels (N windows for QA, N examples otherwise).
     extra: what maps the outputs back to the examples: QA windows, tagging word positions.
     """
