@@ -188,6 +188,7 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
     import keras
     import tensorflow as tf
 
+    from electra_tf.data import pipeline
     from electra_tf.training import pretraining
     from electra_tf.training.strategy import create_strategy
 
@@ -202,7 +203,7 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
         model, _, _ = pretraining._build(model_config, config, strategy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
-    iterator = iter(strategy.distribute_datasets_from_function(pretraining.resumable_dataset_fn(
+    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data, batch, seq, seed=0)))
     loop = pretraining.make_loop_fn(model, strategy, jit_compile=jit)
     n = tf.constant(per_loop)

@@ -3,7 +3,7 @@
 One loop a reader can follow:
 
   strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
-  input:  strategy.distribute_datasets_from_function(resumable_dataset_fn(...))
+  input:  strategy.distribute_datasets_from_function(pipeline.dataset_fn(..., start_step=step))
   step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
           optionally XLA-compiled; with gradient_accumulation_steps=N it sums the gradients of N
           micro-batches into one update, `accumulated_step`), and returns the global losses,
@@ -22,12 +22,10 @@ Resuming exactly. The step is `optimizer.iterations` (checkpointed). Everything 
 function of (seed, step) or is checkpointed: masks and generator samples are keyed by
 `ElectraPretrainer.step_seed()`, dropout draws from Keras seed-generator states that are model
 variables, and the input position is DERIVED from the step: the example stream of every input
-pipeline is a deterministic sequence of epochs (epoch e reads the pipeline's files in an order
-shuffled by (seed, e), interleaved deterministically, through a shuffle buffer seeded by
-seed), and a run that starts at step s starts that stream at example s * global_batch /
-num_pipelines: it begins at epoch floor(position / epoch size) and skips the rest, so a resume
-reads at most one epoch of raw records (the epoch size is counted once, on resume only).
-Nothing about the input is stored in the checkpoint, so it stays valid if the input files move.
+pipeline is a deterministic function of (files, seed), and a run that starts at step s starts
+that stream at example s * global_batch / num_pipelines (`pipeline.pretraining_dataset`'s
+`start_step`: it reads at most one epoch of raw records to get there). Nothing about the input is
+stored in the checkpoint, so it stays valid if the input files move.
 
 Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold every model
 variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a
@@ -85,7 +83,6 @@ from absl import logging
 
 from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
 from electra_tf.data import pipeline
-from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
 from electra_tf.training.progress import ProgressLogger
@@ -249,90 +246,6 @@ class PretrainingConfig(JsonConfig):
         values.update(overrides)
         return cls(**values)
 
-
-
-# --- input --------------------------------------------------------------------------------------
-def _pipeline_files(file_pattern, context: tf.distribute.InputContext):
-    """This pipeline's files and whether the pipelines split files (else they split examples)."""
-    files = pipeline.list_shards(file_pattern)
-    num, index = context.num_input_pipelines, context.input_pipeline_id
-    by_file = len(files) >= num
-    return (files[index::num] if by_file and num > 1 else files), by_file
-
-
-def _count_records(files, by_file: bool, context) -> int:
-    # What the stream reads per epoch: a damaged shard up to its first damaged record (the
-    # reader moves on to the next file there, as `pipeline.checked_records` does).
-    records = tf.data.TFRecordDataset(files).ignore_errors(log_warning=False)
-    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-    if by_file or context.num_input_pipelines == 1:
-        return count
-    num, index = context.num_input_pipelines, context.input_pipeline_id
-    return len(range(index, count, num))
-
-
-def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, seed: int = 0,
-                         start_step: int = 0, shuffle_buffer: int = 1000, cycle_length: int = 4,
-                         skip_corrupt: bool = False):
-    """A function of an InputContext (for `distribute_datasets_from_function`) whose stream
-    is a deterministic function of (files, seed) and starts at `start_step`'s position.
-
-    See the module docstring. Every per-replica batch is a dict of int32 [batch, seq_length].
-    Shards are checked like `pipeline.pretraining_dataset` does (first record's features and
-    lengths up front; damaged files named when read, or with `skip_corrupt` read up to the
-    damage, with a warning on stderr).
-    """
-
-    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        files, by_file = _pipeline_files(file_pattern, context)
-        for path in files:
-            pipeline._check_first_record(path, seq_length, skip_corrupt=skip_corrupt)
-        sizes = {f: tf.io.gfile.stat(f).length for f in files}
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
-        # Examples this pipeline hands out per step: one batch per replica it feeds.
-        per_step = global_batch_size // context.num_input_pipelines
-        position = start_step * per_step
-        first_epoch = offset = 0
-        if position:
-            epoch_size = _count_records(files, by_file, context)
-            if epoch_size == 0:
-                raise ValueError(f"{file_pattern}: no examples for input pipeline "
-                                 f"{context.input_pipeline_id}")
-            first_epoch, offset = divmod(position, epoch_size)
-        names = tf.constant(files)
-        lengths = tf.constant([sizes[f] for f in files], tf.int64)
-
-        def epoch(e):
-            epoch_seed = tf.stack([tf.constant(seed, tf.int64), e])
-            order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), epoch_seed)
-            d = tf.data.Dataset.from_tensor_slices(
-                (tf.gather(names, order), tf.gather(lengths, order)))
-            d = d.interleave(lambda path, size: pipeline._checked_records(path, size,
-                                                                          skip_corrupt),
-                             cycle_length=max(1, min(cycle_length, len(files))),
-                             block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                             deterministic=True)
-            if not by_file and context.num_input_pipelines > 1:
-                d = d.shard(context.num_input_pipelines, context.input_pipeline_id)
-            # tf.data takes only a Python seed here: each epoch's buffer draws the same
-            # permutation pattern, applied to that epoch's own file order.
-            return d.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
-
-        d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
-        if offset:
-            d = d.skip(offset)
-        features = {n: tf.io.FixedLenFeature([seq_length], tf.int64)
-                    for n in INPUT_KEYS}
-
-        def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
-            parsed = tf.io.parse_example(records, features)
-            return {n: tf.cast(parsed[n], tf.int32) for n in INPUT_KEYS}
-
-        d = d.batch(per_replica, drop_remainder=True)
-        d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return d.prefetch(tf.data.AUTOTUNE)
-
-    return fn
 
 
 # --- the step -----------------------------------------------------------------------------------
@@ -777,7 +690,7 @@ def _learning_rate(opt) -> float:
     return float(lr)
 
 
-# The message of `pipeline.checked_records` when a shard ends short of its size.
+# The message of the pipeline's reader (`pipeline._checked_records`) when a shard ends short of its size.
 _DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
 
 
@@ -881,7 +794,7 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas})
         step = int(opt.iterations.numpy())
-        dataset = strategy.distribute_datasets_from_function(resumable_dataset_fn(
+        dataset = strategy.distribute_datasets_from_function(pipeline.dataset_fn(
             data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
             start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
         iterator = iter(dataset)
