@@ -19,6 +19,8 @@ OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm", "
 # How generator and discriminator share weights (paper Section 3.2 "Weight sharing").
 EMBEDDING_SHARING = ("embeddings", "untied", "all")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
+# The special-token ids a model needs; a vocabulary file gives them (`with_vocab`).
+SPECIAL_ID_FIELDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 
 # The repo's configs/ folder; in an installed wheel the same files are `electra_tf.configs`.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -199,7 +201,7 @@ class ElectraConfig(JsonConfig):
         ):
             fail("embedding_sharing",
                  "'all' ties every weight, so generator_hidden_size and generator_layers must be 1.0")
-        for name in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
+        for name in SPECIAL_ID_FIELDS:
             if not 0 <= getattr(self, name) < self.vocab_size:
                 fail(name, f"must be a token id in [0, vocab_size={self.vocab_size})")
 
@@ -237,13 +239,11 @@ class ElectraConfig(JsonConfig):
 
         A learned vocab puts [CLS] at 2, the BERT uncased one at 101: masking must know which.
         """
-        from electra_tf.data.tokenizer import load_vocab  # imports TensorFlow: keep it local
+        from electra_tf.data.tokenizer import load_vocab, special_token_ids  # TensorFlow: local
 
         vocab = load_vocab(str(vocab_file))
-        index = {token: i for i, token in enumerate(vocab)}
-        return self.replace(
-            vocab_size=len(vocab), pad_token_id=index["[PAD]"], cls_token_id=index["[CLS]"],
-            sep_token_id=index["[SEP]"], mask_token_id=index["[MASK]"])
+        ids = special_token_ids(vocab)
+        return self.replace(vocab_size=len(vocab), **{name: ids[name] for name in SPECIAL_ID_FIELDS})
 
     def num_masked_slots(self, seq_length: int) -> int:
         """N, masked positions per sequence: int((mask_prob + 0.005) * seq_length) as the original."""

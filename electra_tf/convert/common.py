@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from electra_tf.config import SPECIAL_ID_FIELDS
+
 
 class ConversionError(ValueError):
     """A checkpoint does not fit the model; the message names the variable(s) and shapes."""
@@ -319,24 +321,22 @@ def ignored_counts(report: ConversionReport) -> Counter:
 
 
 # --- vocabulary --------------------------------------------------------------------------------
-SPECIAL_TOKENS = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
-                  "mask_token_id": "[MASK]"}
-
-
-def read_vocab(vocab_file) -> list[str]:
-    return Path(vocab_file).read_text(encoding="utf-8").splitlines()
-
-
 def vocab_overrides(vocab_file, vocab_size: int) -> dict:
-    """Special-token ids from `vocab_file`; raises if its size differs from the checkpoint's."""
+    """The config's special-token ids from `vocab_file`; raises ConversionError if it is not a
+    vocabulary (`tokenizer.load_vocab`) or its size differs from the checkpoint's."""
     if vocab_file is None:
         return {}
-    tokens = read_vocab(vocab_file)
+    from electra_tf.data.tokenizer import VocabError, load_vocab, special_token_ids  # TensorFlow
+
+    try:
+        tokens = load_vocab(str(vocab_file))
+    except VocabError as e:
+        raise ConversionError(str(e)) from None
     if len(tokens) != vocab_size:
         raise ConversionError(f"vocabulary size mismatch: {vocab_file} has {len(tokens)} tokens but "
                               f"the checkpoint's word_embeddings have {vocab_size} rows")
-    index = {t: i for i, t in enumerate(tokens)}
-    return {field: index[tok] for field, tok in SPECIAL_TOKENS.items() if tok in index}
+    ids = special_token_ids(tokens)
+    return {name: ids[name] for name in SPECIAL_ID_FIELDS}
 
 
 def check_vocab_size(config, vocab_size: int, where: str) -> None:

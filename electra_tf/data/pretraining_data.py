@@ -668,7 +668,7 @@ def build_pretraining_data(
 
 
 def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable | None) -> dict:
-    from electra_tf.data.tokenizer import file_sha256, load_vocab
+    from electra_tf.data.tokenizer import file_sha256, load_vocab, special_token_ids
 
     config.validate()
     vocab = load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
@@ -791,8 +791,7 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
         vocab_file=os.path.abspath(config.vocab_file),
         # For ElectraConfig: ids come from the file, not BERT's defaults.
         vocab_size=len(vocab),
-        special_ids={t.strip("[]").lower() + "_token_id": vocab.index(t)
-                     for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
+        special_ids=special_token_ids(vocab),
         shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
         num_examples=sum(s["examples"] for s in shards),
         num_tokens=sum(s["tokens"] for s in shards),

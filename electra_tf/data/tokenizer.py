@@ -238,6 +238,21 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def special_token_ids(vocab: Sequence[str]) -> dict[str, int]:
+    """Where a vocabulary puts the special tokens, by config field name: {"pad_token_id": ...,
+    "unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id"} (`ElectraConfig` has all
+    but the [UNK] one; the shard manifest records all five).
+
+    Raises:
+      VocabError: a special token is missing (`load_vocab` has already checked it for a file).
+    """
+    index = {token: i for i, token in enumerate(vocab)}
+    missing = [t for t in SPECIAL_TOKENS if t not in index]
+    if missing:
+        raise VocabError(f"vocabulary is missing special token(s) {', '.join(missing)}")
+    return {token.strip("[]").lower() + "_token_id": index[token] for token in SPECIAL_TOKENS}
+
+
 def special_token_layout(num_unused: int = 0) -> list[str]:
     """The reserved head of every vocab this project learns.
 

@@ -42,7 +42,7 @@ from typing import NamedTuple
 
 from absl import logging
 
-from electra_tf.config import ConfigError, ElectraConfig
+from electra_tf.config import SPECIAL_ID_FIELDS, ConfigError, ElectraConfig
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import (
     MARKER, detect_format, holds_generator, is_run_folder, load_pretrained)
@@ -53,7 +53,6 @@ from electra_tf.training import pretraining
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).
 CHECKPOINT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size")
-SPECIAL_ID_FIELDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 # Paper sizes by hidden width, for the PretrainingConfig defaults of a checkpoint's model.
 _SIZE_BY_HIDDEN = {256: "small", 768: "base", 1024: "large"}
 
