@@ -81,7 +81,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
+from electra_tf.config import ConfigError, ElectraConfig, JsonConfig, check_field_types
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
@@ -203,15 +203,7 @@ class PretrainingConfig(JsonConfig):
             raise PretrainingConfigError(
                 f"PretrainingConfig.{name}: {message} (got {getattr(self, name)!r})")
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
-                fail(f.name, "must be an integer")
-            if f.type in ("float", float) and (isinstance(value, bool)
-                                               or not isinstance(value, (int, float))):
-                fail(f.name, "must be a number")
-            if f.type in ("bool", bool) and not isinstance(value, bool):
-                fail(f.name, "must be true or false")
+        check_field_types(self)
         for name in ("train_batch_size", "num_train_steps", "max_seq_length", "steps_per_loop",
                      "save_checkpoints_steps", "keep_checkpoint_max", "summary_steps",
                      "shuffle_buffer", "gradient_accumulation_steps"):
