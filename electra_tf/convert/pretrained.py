@@ -138,9 +138,9 @@ def is_run_folder(path) -> bool:
     return p.is_dir() and (p / RUN_RECORD).exists() and any(p.glob("ckpt-*.index"))
 
 
-def _load_run_folder(folder: Path, kind: str, config=None) -> Pretrained:
-    """Both networks of a pretraining run, from its newest readable checkpoint (the optimizer's
-    slots stay behind), as `kind`."""
+def _load_run_folder(folder: Path, kind: str, config=None, step: int | None = None) -> Pretrained:
+    """Both networks of a pretraining run, from its newest readable checkpoint or from the one
+    of `step` (the optimizer's slots stay behind), as `kind`."""
     from electra_tf.models import ElectraPretrainer
     from electra_tf.training import pretraining
 
@@ -154,10 +154,15 @@ def _load_run_folder(folder: Path, kind: str, config=None) -> Pretrained:
         config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
         check_vocab_size(config, saved_config.vocab_size, str(record_path))
     model = ElectraPretrainer(config or saved_config)
-    prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
-                   if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
-    if prefix is None:
-        raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
+    if step is not None:
+        prefix = str(folder / f"{pretraining.CHECKPOINT_PREFIX}-{step}")
+        if not Path(prefix + ".index").exists():
+            raise ConversionError(f"{folder}: no checkpoint of step {step} ({Path(prefix).name}.index)")
+    else:
+        prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
+                       if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
+        if prefix is None:
+            raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
     status = pretraining.model_checkpoint(model).read(prefix)
     try:
         status.assert_existing_objects_matched()
@@ -207,10 +212,11 @@ def detect_format(path) -> str:
 
 
 def load_pretrained(path, kind: str = "discriminator", config=None, *, input_format: str = "auto",
-                    **load_kwargs) -> Pretrained:
+                    step: int | None = None, **load_kwargs) -> Pretrained:
     """Like `from_pretrained`, also returning the conversion report and the detected format.
 
     `load_kwargs` (allow_unknown, allow_missing; tf1 also ignore_task_specific) go to the loader.
+    `step` picks a pretraining run folder's checkpoint (default: its newest readable one).
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -221,7 +227,7 @@ def load_pretrained(path, kind: str = "discriminator", config=None, *, input_for
         model, cfg, report, vocab = hf.load_hf_model(path, kind, config, **load_kwargs)
     elif fmt == "electra_tf":
         if is_run_folder(path) and not (Path(path) / MARKER).exists():
-            return _load_run_folder(Path(path), kind, config)
+            return _load_run_folder(Path(path), kind, config, step)
         if not (Path(path) / MARKER).exists():
             raise ConversionError(f"{path}: no {MARKER} and no {RUN_RECORD} with checkpoints; not "
                                   "an electra_tf checkpoint folder or pretraining run")

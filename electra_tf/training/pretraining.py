@@ -428,20 +428,6 @@ def export_discriminator(model: ElectraPretrainer, folder, vocab_file=None) -> s
                                    vocab_file=vocab_file)
 
 
-def export_discriminator_from_checkpoint(model_dir, folder=None, vocab_file=None) -> str:
-    """On demand: the latest checkpoint of `model_dir` -> `folder` (default model_dir/
-    discriminator). The model config is read from model_dir's pretraining_config.json."""
-    saved = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
-    config = ElectraConfig.from_dict(saved["model_config"])
-    model = ElectraPretrainer(config, seed=saved["pretraining_config"]["seed"])
-    latest = tf.train.latest_checkpoint(str(model_dir))
-    if latest is None:
-        raise FileNotFoundError(f"{model_dir}: no checkpoint to export")
-    model_checkpoint(model).read(latest).expect_partial()
-    vocab_file = vocab_file or saved.get("vocab_file")
-    return export_discriminator(model, folder or Path(model_dir) / "discriminator", vocab_file)
-
-
 # --- the run folder: resuming only the same run, from a checkpoint that reads back ----------------
 def check_run_folder(model_dir, model_config: ElectraConfig, config: PretrainingConfig,
                      allow_changes=()) -> dict:
