@@ -114,26 +114,20 @@ def cpu_description() -> str:
 
 
 def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir: str):
-    """Real shards from the embedded IMDB corpus with a quick hand-made vocab -> (glob, ids).
+    """Real shards from the embedded IMDB corpus with a quick vocabulary -> (glob, special ids).
 
-    Returns the special-token ids of that vocab (its ids all lie below the model's vocab size).
+    The vocabulary (`tokenizer.frequency_vocab`, 2,000 words) is cut to the model's vocab size.
     """
-    import collections
-    import re
-
+    from electra_tf.config import SPECIAL_ID_FIELDS
     from electra_tf.data import corpus
     from electra_tf.data import pretraining_data as pd
+    from electra_tf.data.tokenizer import frequency_vocab, special_token_ids, write_vocab
 
     docs = list(itertools.islice(corpus.imdb_documents(), num_docs))
-    words = collections.Counter(w for d in docs for line in d
-                                for w in re.findall(r"[a-z]+|[^a-z\s]", line.lower()))
-    chars = sorted({c for w in words for c in w if c.isprintable() and not c.isspace()})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
-    vocab += [w for w, _ in words.most_common(2000) if len(w) > 1 and w not in vocab]
-    vocab = vocab[:config_vocab_size]
+    vocab = frequency_vocab((line for d in docs for line in d), num_words=2000,
+                            max_size=config_vocab_size)
     vocab_file = os.path.join(workdir, "vocab.txt")
-    with open(vocab_file, "w", encoding="utf-8") as f:
-        f.write("".join(t + "\n" for t in vocab))
+    write_vocab(vocab, vocab_file)
     text = os.path.join(workdir, "corpus.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
@@ -141,8 +135,8 @@ def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir
     pd.build_pretraining_data(pd.BuildConfig(
         inputs=[text], vocab_file=vocab_file, output_dir=out, max_seq_length=seq_length,
         num_shards=4, num_processes=1, seed=0), progress_every=60)
-    return os.path.join(out, "pretrain_data.tfrecord-*"), dict(
-        pad_token_id=0, cls_token_id=2, sep_token_id=3, mask_token_id=4)
+    ids = special_token_ids(vocab)
+    return os.path.join(out, "pretrain_data.tfrecord-*"), {name: ids[name] for name in SPECIAL_ID_FIELDS}
 
 
 def in_memory_batches(data, batch: int, seq: int, count: int) -> list:

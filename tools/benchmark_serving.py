@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from electra_tf import cli
 

@@ -21,6 +21,7 @@ BERT's 0/100/101/102/103.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import unicodedata
@@ -262,6 +263,29 @@ def special_token_layout(num_unused: int = 0) -> list[str]:
     here depends on either layout because ids are always read from the file.)
     """
     return list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
+
+
+def frequency_vocab(texts: Iterable[str], num_words: int = 8000, max_size: int | None = None) -> list[str]:
+    """A quick vocabulary for benchmarks and tests, counted in one pass (no WordPiece learning):
+    `special_token_layout()`, every character and its "##" form, then the `num_words` most
+    frequent words of two or more characters, cut to `max_size` tokens.
+
+    Words are found as the uncased tokenizer finds them (lower-cased, accents dropped, split on
+    whitespace and around punctuation), so the texts tokenize without [UNK] unless `max_size`
+    cuts characters. Use `learn_vocab` for a vocabulary to pretrain with.
+    """
+    words, chars = collections.Counter(), set()
+    for text in texts:
+        text = "".join(c for c in unicodedata.normalize("NFD", text.lower())
+                       if unicodedata.category(c) != "Mn")
+        for word in text.split():
+            pieces = "".join(c if c.isalnum() else f" {c} " for c in word).split()
+            words.update(pieces)
+            chars.update(c for piece in pieces for c in piece)
+    chars = sorted(c for c in chars if c.isprintable())
+    frequent = [w for w, _ in words.most_common() if len(w) > 1 and w.isprintable()][:num_words]
+    vocab = list(dict.fromkeys(special_token_layout() + chars + ["##" + c for c in chars] + frequent))
+    return vocab[:max_size]
 
 
 def learn_vocab(

@@ -5,7 +5,8 @@ import hashlib
 import pytest
 import tensorflow as tf
 
-from electra_tf.data.tokenizer import VocabError, WordpieceTokenizer, load_vocab, special_token_ids
+from electra_tf.data.tokenizer import (VocabError, WordpieceTokenizer, frequency_vocab, load_vocab,
+                                      special_token_ids, write_vocab)
 
 
 def test_specials_are_read_from_the_file(tokenizer, vocab_file):
@@ -23,6 +24,18 @@ def test_special_token_ids_name_the_config_fields():
                                         "sep_token_id": 1, "mask_token_id": 3}
     with pytest.raises(VocabError, match=r"missing special token\(s\) \[MASK\]"):
         special_token_ids([t for t in vocab if t != "[MASK]"])
+
+
+def test_frequency_vocab_covers_its_texts(tmp_path):
+    texts = ["The café's menu, the menu!", "the end"]
+    vocab = frequency_vocab(texts, num_words=2)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert vocab[-2:] == ["the", "menu"]  # the two most frequent words of 2+ characters
+    assert {"'", ",", "!", "e", "##e"} <= set(vocab) and "é" not in vocab  # accents dropped
+    write_vocab(vocab, str(tmp_path / "vocab.txt"))
+    tok = WordpieceTokenizer(str(tmp_path / "vocab.txt"))
+    assert tok.unk_id not in tok.tokenize(tf.constant(texts)).flat_values.numpy()
+    assert frequency_vocab(texts, max_size=7) == vocab[:7]
 
 
 def test_lower_casing_accent_stripping_and_punctuation(tokenizer):
