@@ -6,7 +6,7 @@ saved (`saving.load_finetuned`: the head, its `FinetunedModelConfig` from `head_
 `keras.export.ExportArchive`, `export_base/model_name/VERSION/` (the next free integer unless
 `version` is given; an existing version is never overwritten). The SavedModel is written to a
 hidden folder of `export_base` and renamed into place, so a server watching `BASE/NAME` never
-sees half a model (reference/serving.md: new version folders are picked up while serving).
+sees half a model (TF Serving's serving_config.md: new version folders are picked up while serving).
 
 Signatures (every input and output has the batch first). The text signature is the task
 family's (`finetune/families/`, `TaskFamily.serving_signature`); this module writes it:
@@ -143,7 +143,7 @@ TF_TEXT_OP_INTRODUCED = {
     "TFText>Utf8Binarize": "2.13.0",  # core/kernels/utf8_binarize_kernel_template.h
 }
 
-# TF Serving release -> the TF Text it links, oldest first (reference/serving.md).
+# TF Serving release -> the TF Text its Bazel workspace pins and links, oldest first.
 TF_SERVING_TF_TEXT = (
     ("2.11", "2.8.2"),
     ("2.12.0", "2.12.1"),  # 2.12.0 to 2.19.1 all bundle 2.12.1

@@ -1,7 +1,8 @@
 """What every checkpoint format shares: the walk over our weights, the checks and the report.
 
 Every weight of our Keras models is described once, by a `Slot` named with its variable name in
-the authors' TF1 checkpoints (reference: "Released checkpoint variable names"). The TF1 format uses
+the authors' TF1 checkpoints (the scopes of google-research/electra's `model/modeling.py` and
+`run_pretraining.py`, as the released archives list them). The TF1 format uses
 these names directly; the Hugging Face format translates them (`hf.hf_name`). A slot also knows the
 tensor's shape in those checkpoints, where attention kernels are flat [H, H] matrices rather than
 the [H, heads, head_dim] of Keras' MultiHeadAttention.
@@ -22,7 +23,6 @@ import dataclasses
 import glob
 import json
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -314,10 +314,6 @@ def assign(slots: list[Slot], arrays: dict[str, np.ndarray], *,
         value = to_tf1_layout(slot, np.asarray(arrays[name]))
         variable = slot.variable
         variable.assign(value.reshape(tuple(variable.shape)).astype(variable.dtype))
-
-
-def ignored_counts(report: ConversionReport) -> Counter:
-    return Counter(reason for _, reason in report.ignored)
 
 
 # --- vocabulary --------------------------------------------------------------------------------

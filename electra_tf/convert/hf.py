@@ -1,8 +1,8 @@
 """Hugging Face ELECTRA checkpoints (`model.safetensors` / `pytorch_model.bin` + `config.json`)
 <-> our Keras models.
 
-Hugging Face stores the released tensors under other names (reference: "Released checkpoint
-variable names"): `electra.encoder.layer.3.attention.self.query.weight` for
+Hugging Face stores the released tensors under other names (transformers'
+`models/electra/modeling_electra.py`): `electra.encoder.layer.3.attention.self.query.weight` for
 `electra/encoder/layer_3/attention/self/query/kernel`, `discriminator_predictions.dense_prediction`
 for `discriminator_predictions/dense_1`, `generator_lm_head.bias` for
 `generator_predictions/output_bias`, and torch `Linear` weights as [out, in] (transposed).

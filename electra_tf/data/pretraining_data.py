@@ -3,7 +3,7 @@
 Two parts:
 
 * `ExampleBuilder` packs a stream of tokenized lines exactly like the original
-  `build_pretraining_dataset.py` (reference "Pretraining data"): see its docstring.
+  `build_pretraining_dataset.py` (google-research/electra, its `ExampleBuilder`): see its docstring.
 * `build_pretraining_data` turns text files into shards, in parallel, deterministically and
   resumably:
 

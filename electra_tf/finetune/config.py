@@ -2,7 +2,7 @@
 original's default, and `FinetunedModelConfig`, the description of a fine-tuned model
 (`best/head_config.json`).
 
-Defaults are the authors' `configure_finetuning.py` (reference "Fine-tuning"): learning rate
+Defaults are the authors' `configure_finetuning.py` (google-research/electra): learning rate
 1e-4 (Small, Base) / 5e-5 (Large), layer-wise decay 0.8 / 0.8 / 0.9, weight decay 0.01, warmup
 10% of the steps, batch 32, max length 128, 3 epochs; RTE and STS-B 10 epochs; SQuAD 2 epochs at
 length 512; chunking at length 256. (The paper's Table 7 lists 3e-4 for Small; the released code,

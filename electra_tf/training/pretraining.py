@@ -130,7 +130,7 @@ RESUME_ON_REQUEST_FIELDS = ("learning_rate", "num_warmup_steps", "weight_decay",
 
 
 # --- config ---------------------------------------------------------------------------------------
-# Paper Table 6/7 (see /work/shared/reference/electra.md): learning rate, global batch, steps,
+# The paper's Table 6 (pre-training hyperparameters): learning rate, global batch, steps,
 # sequence length. Warmup is 10,000 steps for every size.
 _PAPER_SIZES = {
     "small": dict(learning_rate=5e-4, train_batch_size=128, num_train_steps=1_000_000,

@@ -4,7 +4,7 @@ import pytest
 
 from electra_tf.config import ConfigError, ElectraConfig
 
-PAPER = {  # reference "Model sizes": layers, hidden, FFN, heads, E, generator fraction, mask prob
+PAPER = {  # paper Table 6: layers, hidden, FFN, heads, E, generator fraction, mask prob
     "electra_small": (12, 256, 1024, 4, 128, 0.25, 0.15),
     "electra_base": (12, 768, 3072, 12, 768, 1 / 3, 0.15),
     "electra_large": (24, 1024, 4096, 16, 1024, 0.25, 0.25),
