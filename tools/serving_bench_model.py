@@ -35,7 +35,7 @@ def export_small_classifier(work: str, vocab_file: str | None, max_seq_length: i
         write_vocab(frequency_vocab(sentences), vocab_file)
     config = ElectraConfig.from_json("electra_small").with_vocab(vocab_file)
     head = SentenceClassifier(config, num_labels=2)
-    info = {"kind": "classification", "task": "rotten_tomatoes", "label_names": ["negative", "positive"],
+    info = {"task": "rotten_tomatoes", "label_names": ["negative", "positive"],
             "max_seq_length": max_seq_length, "lower_case": True}
     start = time.perf_counter()
     path = export_head(head, info, vocab_file, os.path.join(work, "export"), "electra_small", verbose=False)

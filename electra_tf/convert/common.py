@@ -221,13 +221,13 @@ def model_slots(model, scopes: tuple[str, str] | None = None) -> list[Slot]:
     return list(unique.values())
 
 
-def model_kind(model) -> str:
+def network_of(model) -> str:
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
-    for cls, kind in ((ElectraPretrainer, "pretrainer"), (Discriminator, "discriminator"),
+    for cls, network in ((ElectraPretrainer, "pretrainer"), (Discriminator, "discriminator"),
                       (Generator, "generator")):
         if isinstance(model, cls):
-            return kind
+            return network
     raise TypeError(f"not an ELECTRA model: {type(model).__name__}")
 
 
