@@ -668,7 +668,8 @@ def _learning_rate(opt) -> float:
     return float(lr)
 
 
-# The message of the pipeline's reader (`pipeline._checked_records`) when a shard ends short of its size.
+# The message of the pipeline's reader (`pipeline._checked_records`) when a shard ends short of
+# its size.
 _DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
 
 
@@ -688,6 +689,186 @@ def _save_after_input_error(manager, opt, strategy, saved):
     saved = manager.save(checkpoint_number=step)
     logging.info("Saved checkpoint %s", saved)
     return saved
+
+
+def _damaged_shard_error(error, manager, opt, strategy, saved) -> pipeline.CorruptShardError | None:
+    """For an input error that names a damaged shard: a checkpoint of the steps done, and the
+    one-line error to stop with; None for any other error."""
+    found = _DAMAGED_SHARD.search(error.message)
+    if not found:
+        return None
+    saved = _save_after_input_error(manager, opt, strategy, saved)
+    path, done, size = found.groups()
+    return pipeline.CorruptShardError(
+        f"damaged shard {path}: read {done} of {size} bytes, reached at step "
+        f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
+        "--skip_corrupt_records trains without its damaged part")
+
+
+def _check_batch_split(config: PretrainingConfig, replicas: int) -> None:
+    """The global batch splits evenly over the replicas and then into the micro-batches."""
+    if config.train_batch_size % replicas:
+        raise PretrainingConfigError(
+            f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
+            f"the {replicas} replicas of the strategy")
+    micro = config.gradient_accumulation_steps
+    if config.train_batch_size % (replicas * micro):
+        raise PretrainingConfigError(
+            f"PretrainingConfig.gradient_accumulation_steps: {micro} does not divide the "
+            f"per-replica batch of {config.train_batch_size // replicas} "
+            f"(train_batch_size {config.train_batch_size} over {replicas} replicas)")
+
+
+def _check_input(data_pattern, config: PretrainingConfig, check_shards: bool,
+                 skip_corrupt: bool) -> int | None:
+    """Every record of every shard read once (`pipeline.check_shards`); returns the records a
+    pass over the data skips, when known."""
+    if not check_shards:
+        if skip_corrupt:
+            logging.warning("skip_corrupt without the shard check: damaged shards are read up "
+                            "to their first damaged record and named on stderr when reached, "
+                            "uncounted")
+        return None
+    skipped_records = pipeline.check_shards(
+        data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
+    if skip_corrupt:
+        logging.info("skipping %d records per pass over the data (damaged, or after the "
+                     "damage in their shard)", skipped_records)
+    return skipped_records
+
+
+def _restore_or_initialise(checkpoint, model, opt, model_dir: str, init,
+                           changes: dict) -> str | None:
+    """The newest readable checkpoint of model_dir (returned), else `init`'s weights."""
+    latest = restore_newest_readable(checkpoint, model_dir)
+    if latest and init is not None:
+        logging.warning("model_dir %s has checkpoints: resuming from them; --init_checkpoint "
+                        "%s is ignored", model_dir, init.path)
+    elif init is not None:
+        init.copy_into(model)
+    if latest:
+        logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
+        for name, (old, new) in changes.items():
+            changes_numbers = name == "num_train_steps" or name in RESUME_ON_REQUEST_FIELDS
+            log = logging.warning if changes_numbers else logging.info
+            log("Resuming with %s=%r (the run so far had %r)", name, new, old)
+    return latest
+
+
+def _check_finite(loss, bad_step: int, saved: str | None) -> None:
+    if bad_step >= 0:
+        last_good = (f"the last good checkpoint is {saved} (to go on from it with a "
+                     "lower learning rate, add --allow_config_change=learning_rate)"
+                     if saved else "no checkpoint was saved yet")
+        message = f"loss is {float(loss)} at step {bad_step}: stopping; {last_good}"
+        logging.error("%s", message)
+        raise NonFiniteLossError(message)
+
+
+class _Summaries:
+    """The TensorBoard summaries: metrics at each summary step, with the rates of the period
+    since the last one (examples and tokens per second), and the warnings read from them."""
+
+    def __init__(self, model, opt, grad_norm, config: PretrainingConfig, writer, step: int,
+                 skipped_records: int | None):
+        self.model, self.opt, self.grad_norm, self.config, self.writer = (
+            model, opt, grad_norm, config, writer)
+        self.skipped_records = skipped_records  # per pass over the data, when known
+        self.warned_collapse = False
+        self._start_period(step)
+
+    def _start_period(self, step: int) -> None:
+        self.period_start, self.period_step, self.tokens, self.loss_scale_skips = (
+            time.time(), step, 0, 0)
+
+    def add(self, tokens: int, loss_scale_skips: int) -> None:
+        self.tokens += tokens
+        self.loss_scale_skips += loss_scale_skips
+
+    def due(self, previous: int, step: int) -> bool:
+        every = self.config.summary_steps
+        return step // every > previous // every or step >= self.config.num_train_steps
+
+    def write(self, step: int, metrics: dict) -> None:
+        """Writes the period's summaries, then resets the metrics for the next one."""
+        config, opt = self.config, self.opt
+        elapsed = max(time.time() - self.period_start, 1e-9)
+        examples = (step - self.period_step) * config.train_batch_size
+        rates = {"examples_per_second": examples / elapsed,
+                 "tokens_per_second": self.tokens / elapsed, "learning_rate": _learning_rate(opt)}
+        for name, value in {**metrics, **rates}.items():
+            summaries.scalar(name, value, step=step)
+        if self.skipped_records is not None:
+            summaries.scalar("data/corrupt_records_skipped", self.skipped_records, step=step)
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            summaries.scalar("loss_scale/skipped_steps", self.loss_scale_skips, step=step)
+            summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()), step=step)
+        warning = collapse_warning(metrics, step, config)
+        if warning and not self.warned_collapse:
+            logging.warning("%s", warning)
+            self.warned_collapse = True
+        self.writer.flush()
+        for m in (*self.model.metrics, self.grad_norm):
+            m.reset_state()
+        self._start_period(step)
+
+
+def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: PretrainingConfig,
+           data_pattern, model_dir: str, skip_corrupt: bool, skipped_records: int | None):
+    """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call runs
+    `steps_per_loop` steps; then the NaN check, summaries, a log line, a checkpoint when due.
+    Returns (step, preempted, metrics, latest checkpoint)."""
+    step = int(opt.iterations.numpy())
+    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
+        data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
+        start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
+    loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
+                        accumulation_steps=config.gradient_accumulation_steps)
+    writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if is_chief(strategy)
+              else tf.summary.create_noop_writer())
+    progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
+    summary = _Summaries(model, opt, grad_norm, config, writer, step,
+                         skipped_records if skip_corrupt else None)
+    metrics, preempted = {}, False
+    with _StopRequest() as stop_request, writer.as_default():
+        while step < config.num_train_steps:
+            num_steps = min(config.steps_per_loop, config.num_train_steps - step)
+            try:
+                loss, bad_step, tokens, skipped, stop = loop(
+                    iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+            except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+                error = _damaged_shard_error(e, manager, opt, strategy, saved)
+                if error is None:
+                    raise
+                raise error from None
+            _check_finite(loss, int(bad_step), saved)
+            previous, step = step, int(opt.iterations.numpy())
+            summary.add(int(tokens), int(skipped))
+            if int(skipped):
+                logging.warning(
+                    "%d of the last %d steps skipped by the float16 loss scale (non-finite "
+                    "gradients: no update, not counted; the scale is now %g)", int(skipped),
+                    num_steps, float(opt.dynamic_scale.numpy()))
+            metrics = {m.name: float(m.result()) for m in model.metrics}
+            if int(grad_norm.count.numpy()):  # no norm when every step was skipped
+                metrics["gradient_norm"] = float(grad_norm.result())
+            if summary.due(previous, step):
+                summary.write(step, metrics)
+            progress.update(step, force=True, loss=metrics["loss"],
+                            **{k: v for k, v in metrics.items()
+                               if k in ("mlm_loss", "disc_loss", "gradient_norm")})
+            if previous == progress.start_step:
+                progress.reset_clock(step)  # the ETA should not count the first trace
+            every = config.save_checkpoints_steps
+            if step // every > previous // every or bool(stop) or step >= config.num_train_steps:
+                saved = manager.save(checkpoint_number=step)
+                logging.info("Saved checkpoint %s", saved)
+            if bool(stop):
+                preempted = True
+                logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
+                                "resume", step)
+                break
+    return step, preempted, metrics, saved
 
 
 def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
@@ -720,27 +901,9 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     """
     model_dir = str(model_dir)
     replicas = strategy.num_replicas_in_sync
-    if config.train_batch_size % replicas:
-        raise PretrainingConfigError(
-            f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
-            f"the {replicas} replicas of the strategy")
-    micro = config.gradient_accumulation_steps
-    if config.train_batch_size % (replicas * micro):
-        raise PretrainingConfigError(
-            f"PretrainingConfig.gradient_accumulation_steps: {micro} does not divide the "
-            f"per-replica batch of {config.train_batch_size // replicas} "
-            f"(train_batch_size {config.train_batch_size} over {replicas} replicas)")
+    _check_batch_split(config, replicas)
     changes = check_run_folder(model_dir, model_config, config, allow_changes)
-    skipped_records = None  # per pass over the data, when known
-    if check_shards:
-        skipped_records = pipeline.check_shards(
-            data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
-        if skip_corrupt:
-            logging.info("skipping %d records per pass over the data (damaged, or after the "
-                         "damage in their shard)", skipped_records)
-    elif skip_corrupt:
-        logging.warning("skip_corrupt without the shard check: damaged shards are read up to "
-                        "their first damaged record and named on stderr when reached, uncounted")
+    skipped_records = _check_input(data_pattern, config, check_shards, skip_corrupt)
     chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
 
@@ -753,113 +916,16 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         checkpoint = model_checkpoint(model, opt)
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
-        latest = restore_newest_readable(checkpoint, model_dir)
-        if latest and init is not None:
-            logging.warning("model_dir %s has checkpoints: resuming from them; --init_checkpoint "
-                            "%s is ignored", model_dir, init.path)
-        elif init is not None:
-            init.copy_into(model)
-        if latest:
-            logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
-            for name, (old, new) in changes.items():
-                changes_numbers = name == "num_train_steps" or name in RESUME_ON_REQUEST_FIELDS
-                log = logging.warning if changes_numbers else logging.info
-                log("Resuming with %s=%r (the run so far had %r)", name, new, old)
+        latest = _restore_or_initialise(checkpoint, model, opt, model_dir, init, changes)
         if chief:
             _write_run_record(model_dir, {
                 **(run_facts or {}), **_previous_facts(model_dir, latest),
                 "flags": flags or {}, "model_config": model_config.to_dict(),
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas})
-        step = int(opt.iterations.numpy())
-        dataset = strategy.distribute_datasets_from_function(pipeline.dataset_fn(
-            data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
-            start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
-        iterator = iter(dataset)
-        loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
-                            accumulation_steps=config.gradient_accumulation_steps)
-        writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if chief
-                  else tf.summary.create_noop_writer())
-        progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
-        metrics = {}
-        saved = latest
-        preempted = warned_collapse = False
-        with _StopRequest() as stop_request, writer.as_default():
-            period_start, period_step, period_tokens, period_skipped = time.time(), step, 0, 0
-            while step < config.num_train_steps:
-                num_steps = min(config.steps_per_loop, config.num_train_steps - step)
-                try:
-                    loss, bad_step, tokens, skipped, stop = loop(
-                        iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
-                except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-                    found = _DAMAGED_SHARD.search(e.message)
-                    if not found:
-                        raise
-                    saved = _save_after_input_error(manager, opt, strategy, saved)
-                    path, done, size = found.groups()
-                    raise pipeline.CorruptShardError(
-                        f"damaged shard {path}: read {done} of {size} bytes, reached at step "
-                        f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
-                        "--skip_corrupt_records trains without its damaged part") from None
-                bad_step = int(bad_step)
-                if bad_step >= 0:
-                    last_good = (f"the last good checkpoint is {saved} (to go on from it with a "
-                                 "lower learning rate, add --allow_config_change=learning_rate)"
-                                 if saved else "no checkpoint was saved yet")
-                    message = f"loss is {float(loss)} at step {bad_step}: stopping; {last_good}"
-                    logging.error("%s", message)
-                    raise NonFiniteLossError(message)
-                previous, step = step, int(opt.iterations.numpy())
-                period_tokens += int(tokens)
-                period_skipped += int(skipped)
-                if int(skipped):
-                    logging.warning(
-                        "%d of the last %d steps skipped by the float16 loss scale (non-finite "
-                        "gradients: no update, not counted; the scale is now %g)", int(skipped),
-                        num_steps, float(opt.dynamic_scale.numpy()))
-                metrics = {m.name: float(m.result()) for m in model.metrics}
-                if int(grad_norm.count.numpy()):  # no norm when every step was skipped
-                    metrics["gradient_norm"] = float(grad_norm.result())
-                if step // config.summary_steps > previous // config.summary_steps \
-                        or step >= config.num_train_steps:
-                    elapsed = max(time.time() - period_start, 1e-9)
-                    rates = {"examples_per_second":
-                             (step - period_step) * config.train_batch_size / elapsed,
-                             "tokens_per_second": period_tokens / elapsed,
-                             "learning_rate": _learning_rate(opt)}
-                    for name, value in {**metrics, **rates}.items():
-                        summaries.scalar(name, value, step=step)
-                    if skip_corrupt and skipped_records is not None:
-                        summaries.scalar("data/corrupt_records_skipped", skipped_records,
-                                         step=step)
-                    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-                        summaries.scalar("loss_scale/skipped_steps", period_skipped, step=step)
-                        summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()),
-                                         step=step)
-                    warning = collapse_warning(metrics, step, config)
-                    if warning and not warned_collapse:
-                        logging.warning("%s", warning)
-                        warned_collapse = True
-                    writer.flush()
-                    for m in (*model.metrics, grad_norm):
-                        m.reset_state()
-                    period_start, period_step, period_tokens = time.time(), step, 0
-                    period_skipped = 0
-                progress.update(step, force=True, loss=metrics["loss"],
-                                **{k: v for k, v in metrics.items()
-                                   if k in ("mlm_loss", "disc_loss", "gradient_norm")})
-                if previous == progress.start_step:
-                    progress.reset_clock(step)  # the ETA should not count the first trace
-                if (step // config.save_checkpoints_steps > previous
-                        // config.save_checkpoints_steps or bool(stop)
-                        or step >= config.num_train_steps):
-                    saved = manager.save(checkpoint_number=step)
-                    logging.info("Saved checkpoint %s", saved)
-                if bool(stop):
-                    preempted = True
-                    logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
-                                    "resume", step)
-                    break
+        step, preempted, metrics, saved = _train(
+            model, opt, grad_norm, manager, latest, strategy, config, data_pattern, model_dir,
+            skip_corrupt, skipped_records)
         disc_dir = None
         if not preempted:
             # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the
