@@ -58,6 +58,11 @@ def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
     return sorted(files)
 
 
+def _example_features(seq_length: int) -> dict:
+    """The `tf.io.parse_example` spec of a pretraining example: three int64 [seq_length]."""
+    return {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
+
+
 def _example_problem(serialized: bytes, seq_length: int) -> str | None:
     """Why a record is not a pretraining example at `seq_length` (None if it is one)."""
     try:
@@ -75,11 +80,19 @@ def _example_problem(serialized: bytes, seq_length: int) -> str | None:
     return None
 
 
-def _check_first_record(path: str, seq_length: int, skip_corrupt: bool) -> None:
+def _check_first_record(path: str, seq_length: int, on_damage: str = "raise") -> None:
+    """Raises CorruptShardError if the shard's first record is no pretraining example at
+    `seq_length`: a shard of another length or kind fails in seconds. A first record that cannot
+    be read raises too (`on_damage="raise"`), is named in a warning ("warn": the reader skips the
+    damage), or is left to `check_shards`' search for the damage ("locate")."""
     try:
         first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-    except tf.errors.DataLossError as e:
-        if skip_corrupt:
+    except tf.errors.OpError as e:
+        if on_damage == "locate":
+            return
+        if not isinstance(e, tf.errors.DataLossError):
+            raise
+        if on_damage == "warn":
             logging.warning("%s: corrupt TFRecord shard (%s); it will be skipped", path, e.message)
             return
         raise CorruptShardError(f"{path}: corrupt or truncated TFRecord shard ({e.message})") \
@@ -189,16 +202,10 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     """
     files = list_shards(file_pattern)
     for path in files:  # a shard of another length or kind fails in seconds, not after the scan
-        try:
-            first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-        except tf.errors.OpError:
-            continue  # damaged: located below
-        problem = first is not None and _example_problem(first.numpy(), seq_length)
-        if problem:
-            raise CorruptShardError(f"{path}: record 0 at byte 0: {problem}")
+        _check_first_record(path, seq_length, "locate")
     sizes = [tf.io.gfile.stat(f).length for f in files]
     total = sum(sizes)
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
+    features = _example_features(seq_length)
 
     def summarize(index, records):  # -> (file index, records, bytes, real tokens)
         parsed = tf.io.parse_example(records, features)  # fails on a record that is no example
@@ -245,6 +252,13 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     result = ShardCheck(len(files), int(sum(counts)), total, seconds, tuple(damaged))
     logging.info("checked %d shards: %d records, %.1f MB in %.1fs (%.1f MB/s)", len(files),
                  result.records, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))
+    _report_damage(damaged, skip_corrupt)
+    return result
+
+
+def _report_damage(damaged: list, skip_corrupt: bool) -> None:
+    """Logs every damaged shard: as a warning when the run skips the damage, else as errors,
+    raising CorruptShardError for the first."""
     if skip_corrupt:
         for damage in damaged:
             logging.warning("damaged shard %s; --skip_corrupt_records: the shard is read up to "
@@ -256,7 +270,6 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
         more = f" ({more} more damaged shard{'s' if more > 1 else ''} logged)" if more else ""
         raise CorruptShardError(f"damaged shard {damaged[0]}{more}; --skip_corrupt_records "
                                 "trains without the damaged records")
-    return result
 
 
 def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
@@ -265,7 +278,7 @@ def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
     Whole batches first, then record by record from the batch that failed. Raises
     CorruptShardError for an intact record that is not a pretraining example.
     """
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
+    features = _example_features(seq_length)
     record = offset = 0
     batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
     while True:
@@ -362,6 +375,20 @@ def _pipeline_files(file_pattern, input_context) -> tuple[list[str], bool]:
     return (files[index::num] if by_file and num > 1 else files), by_file
 
 
+def _start_of_stream(file_pattern, files, by_file: bool, input_context, batch_size: int,
+                     start_step: int) -> tuple[int, int]:
+    """(epoch, examples into it) where the training stream of `start_step` begins."""
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    position = start_step * (batch_size // num_pipelines)
+    if not position:
+        return 0, 0
+    epoch_size = _records_per_epoch(files, by_file, input_context)
+    if epoch_size == 0:
+        raise ValueError(f"{file_pattern}: no examples for input pipeline "
+                         f"{input_context.input_pipeline_id if input_context else 0}")
+    return divmod(position, epoch_size)
+
+
 def _records_per_epoch(files, by_file: bool, input_context) -> int:
     """Examples one pipeline reads per epoch: a damaged shard counts up to its first damaged
     record (the reader moves on to the next file there, as `_checked_records` does)."""
@@ -412,7 +439,7 @@ def pretraining_dataset(
     """
     files, by_file = _pipeline_files(file_pattern, input_context)
     for path in files:
-        _check_first_record(path, seq_length, skip_corrupt)
+        _check_first_record(path, seq_length, "warn" if skip_corrupt else "raise")
     names = tf.constant(files)
     sizes = tf.constant([tf.io.gfile.stat(f).length for f in files], tf.int64)
     num_pipelines = input_context.num_input_pipelines if input_context else 1
@@ -434,18 +461,13 @@ def pretraining_dataset(
         return records(order).shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
 
     if is_training:
-        first_epoch, offset = 0, start_step * (batch_size // num_pipelines)
-        if offset:
-            epoch_size = _records_per_epoch(files, by_file, input_context)
-            if epoch_size == 0:
-                raise ValueError(f"{file_pattern}: no examples for input pipeline "
-                                 f"{input_context.input_pipeline_id if input_context else 0}")
-            first_epoch, offset = divmod(offset, epoch_size)
+        first_epoch, offset = _start_of_stream(file_pattern, files, by_file, input_context,
+                                               batch_size, start_step)
         d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch).skip(offset)
     else:
         d = records(tf.range(len(files)))
 
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
+    features = _example_features(seq_length)
 
     def parse(serialized):  # [batch] serialized -> dict of int32 [batch, seq_length]
         parsed = tf.io.parse_example(serialized, features)
