@@ -76,7 +76,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
+from electra_tf.data.tokenizer import WORDPIECE_OPTIONS, WordpieceTokenizer
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.config import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
@@ -218,15 +218,7 @@ class ServingTokenizer(WordpieceTokenizer):
 
     def __init__(self, vocab_file, lower_case: bool = True):
         super().__init__(vocab_file, lower_case)
-        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=MAX_BYTES_PER_WORD,
-            token_out_type=tf.int64,
-            unknown_token="[UNK]",
-            no_pretokenization=False,  # split on whitespace and punctuation, as BERT does
-            support_detokenization=False,
-        )
+        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(vocab=self.vocab, **WORDPIECE_OPTIONS)
 
 
 def _keep_first(ragged: tf.RaggedTensor, counts) -> tf.RaggedTensor:

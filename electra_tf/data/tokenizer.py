@@ -33,6 +33,11 @@ import tensorflow_text as tf_text
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # BERT's basic tokenizer leaves words longer than this as one [UNK].
 MAX_BYTES_PER_WORD = 100
+# BERT's WordPiece, for every TF Text WordPiece op here (this tokenizer's and the exported one's):
+# "##" continuations, [UNK] for a word it cannot cover, split on whitespace and punctuation first.
+WORDPIECE_OPTIONS = dict(suffix_indicator="##", max_bytes_per_word=MAX_BYTES_PER_WORD,
+                         token_out_type=tf.int64, unknown_token="[UNK]", no_pretokenization=False,
+                         support_detokenization=False)
 # Characters the original `_clean_text` deletes: U+FFFD and every category C* character
 # (control, format, private use, unassigned) except tab, newline and carriage return.
 _DELETED_CHARS = r"[^\P{C}\t\n\r]|\x{FFFD}"
@@ -120,13 +125,7 @@ class WordpieceTokenizer(tf.Module):
         self.special_ids = frozenset(self._token_to_id[t] for t in SPECIAL_TOKENS)
         # The fused normaliser + pretokeniser + WordPiece op; a tf.Module, tracked as a child.
         self.tf_tokenizer = tf_text.FastBertTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=MAX_BYTES_PER_WORD,
-            token_out_type=tf.int64,
-            unknown_token="[UNK]",
-            no_pretokenization=False,
-            support_detokenization=False,
+            vocab=self.vocab, **WORDPIECE_OPTIONS,
             lower_case_nfd_strip_accents=False,  # see the module docstring: we normalise
         )
 
