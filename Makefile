@@ -17,7 +17,7 @@ $(STAMP): setup.py
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m tools.demo
+	$(PY) -m electra_tf.tools.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

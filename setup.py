@@ -24,6 +24,9 @@ EXTRAS["all"] = sorted(
     {req for name, reqs in EXTRAS.items() if name not in ("torch", "anchors", "corpus", "tensorboard") for req in reqs}
 )
 
+# Repository folders outside electra_tf/ and the package names they install as.
+MAPPED_FOLDERS = {"electra_tf.configs": "configs", "electra_tf.serving": "serving", "electra_tf.tools": "tools"}
+
 setuptools.setup(
     name="electra_tf",
     version="0.1.0",
@@ -31,11 +34,12 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=setuptools.find_packages(include=["electra_tf*", "serving*", "tools*"])
-    + ["electra_tf.configs"],
-    # configs/*.json travel inside the wheel as the package data of `electra_tf.configs`.
-    package_dir={"electra_tf.configs": "configs"},
-    package_data={"electra_tf.configs": ["*.json"], "serving": ["*.yml", "*.yaml", "*.md"]},
+    # One installed name, `electra_tf`: the repo's top-level folders install inside it
+    # (configs/ -> electra_tf.configs, serving/ -> electra_tf.serving, tools/ -> electra_tf.tools),
+    # so nothing lands in site-packages under a name another project could use.
+    packages=setuptools.find_packages(include=["electra_tf*"]) + list(MAPPED_FOLDERS),
+    package_dir=MAPPED_FOLDERS,
+    package_data={"electra_tf.configs": ["*.json"], "electra_tf.serving": ["*.yml", "*.yaml", "*.md"]},
     install_requires=[
         TF,
         "tensorflow-text==2.21.*",
@@ -46,16 +50,16 @@ setuptools.setup(
     extras_require=EXTRAS,
     entry_points={
         "console_scripts": [
-            "electra-smoke=tools.pretrain_smoke:run",
-            "electra-build-vocab=tools.build_vocab:run",
-            "electra-build-data=tools.build_pretraining_data:run",
-            "electra-pretrain=tools.pretrain:run",
-            "electra-finetune=tools.finetune:run",
-            "electra-convert=tools.convert:run",
-            "electra-score=tools.score:run",
-            "electra-export=tools.export:run",
-            "electra-serve=tools.serve:run",
-            "electra-client=tools.client:run",
+            "electra-smoke=electra_tf.tools.pretrain_smoke:run",
+            "electra-build-vocab=electra_tf.tools.build_vocab:run",
+            "electra-build-data=electra_tf.tools.build_pretraining_data:run",
+            "electra-pretrain=electra_tf.tools.pretrain:run",
+            "electra-finetune=electra_tf.tools.finetune:run",
+            "electra-convert=electra_tf.tools.convert:run",
+            "electra-score=electra_tf.tools.score:run",
+            "electra-export=electra_tf.tools.export:run",
+            "electra-serve=electra_tf.tools.serve:run",
+            "electra-client=electra_tf.tools.client:run",
         ]
     },
 )

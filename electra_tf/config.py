@@ -19,6 +19,8 @@ OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm", "
 # How generator and discriminator share weights (paper Section 3.2 "Weight sharing").
 EMBEDDING_SHARING = ("embeddings", "untied", "all")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
+# The special-token ids a model needs; a vocabulary file gives them (`with_vocab`).
+SPECIAL_ID_FIELDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 
 # The repo's configs/ folder; in an installed wheel the same files are `electra_tf.configs`.
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -30,11 +32,36 @@ class ConfigError(ValueError):
     """A config file or value is invalid; the message names the field."""
 
 
+_JSON_TYPES = {  # annotation -> (check, what the message says it must be)
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "dict": (lambda v: isinstance(v, dict), "a JSON object"),
+}
+
+
+def check_field_types(config) -> None:
+    """Raises the config's `error_type` naming the first field whose value is not of its annotated
+    JSON type (int, float, bool, str, dict; `X | None` also takes None). Other annotations are the
+    config's own to check."""
+    for f in dataclasses.fields(config):
+        base, optional, _ = str(f.type).partition(" | None")
+        if base not in _JSON_TYPES:
+            continue
+        check, expected = _JSON_TYPES[base]
+        value = getattr(config, f.name)
+        if not (optional and value is None) and not check(value):
+            raise config.error_type(f"{type(config).__name__}.{f.name}: must be {expected}"
+                                    f"{' or null' if optional else ''} (got {value!r})")
+
+
 class JsonConfig:
     """JSON (de)serialisation with validation, shared by the frozen config dataclasses
     (`ElectraConfig`, `FinetuningConfig`, `PretrainingConfig`).
 
-    Subclasses validate in `__post_init__` and raise `error_type` naming the field; loading adds
+    Subclasses validate in `__post_init__` (`check_field_types`, then their own rules) and raise
+    `error_type` naming the field; loading adds
     the source (file name) to the message and rejects unknown keys. Keys starting with "_" (such
     as "_comment") are ignored.
     """
@@ -147,16 +174,7 @@ class ElectraConfig(JsonConfig):
         def fail(field, message):
             raise ConfigError(f"ElectraConfig.{field}: {message} (got {getattr(self, field)!r})")
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
-                fail(f.name, "must be an integer")
-            if f.type in ("float", float) and (
-                isinstance(value, bool) or not isinstance(value, (int, float))
-            ):
-                fail(f.name, "must be a number")
-            if f.type in ("bool", bool) and not isinstance(value, bool):
-                fail(f.name, "must be true or false")
+        check_field_types(self)
         for name in ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:
@@ -179,11 +197,7 @@ class ElectraConfig(JsonConfig):
             fail("gen_weight", "must be >= 0")
         if self.initializer_range <= 0:
             fail("initializer_range", "must be > 0")
-        if self.max_predictions_per_seq is not None and (
-            isinstance(self.max_predictions_per_seq, bool)
-            or not isinstance(self.max_predictions_per_seq, int)
-            or self.max_predictions_per_seq < 1
-        ):
+        if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             fail("max_predictions_per_seq", "must be a positive integer or null")
         if self.hidden_act not in ACTIVATIONS:
             fail("hidden_act", f"must be one of {ACTIVATIONS}")
@@ -199,7 +213,7 @@ class ElectraConfig(JsonConfig):
         ):
             fail("embedding_sharing",
                  "'all' ties every weight, so generator_hidden_size and generator_layers must be 1.0")
-        for name in ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id"):
+        for name in SPECIAL_ID_FIELDS:
             if not 0 <= getattr(self, name) < self.vocab_size:
                 fail(name, f"must be a token id in [0, vocab_size={self.vocab_size})")
 
@@ -237,13 +251,11 @@ class ElectraConfig(JsonConfig):
 
         A learned vocab puts [CLS] at 2, the BERT uncased one at 101: masking must know which.
         """
-        from electra_tf.data.tokenizer import load_vocab  # imports TensorFlow: keep it local
+        from electra_tf.data.tokenizer import load_vocab, special_token_ids  # TensorFlow: local
 
         vocab = load_vocab(str(vocab_file))
-        index = {token: i for i, token in enumerate(vocab)}
-        return self.replace(
-            vocab_size=len(vocab), pad_token_id=index["[PAD]"], cls_token_id=index["[CLS]"],
-            sep_token_id=index["[SEP]"], mask_token_id=index["[MASK]"])
+        ids = special_token_ids(vocab)
+        return self.replace(vocab_size=len(vocab), **{name: ids[name] for name in SPECIAL_ID_FIELDS})
 
     def num_masked_slots(self, seq_length: int) -> int:
         """N, masked positions per sequence: int((mask_prob + 0.005) * seq_length) as the original."""

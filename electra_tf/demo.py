@@ -267,7 +267,7 @@ def comparison(pretrained: dict, random_init: dict) -> dict:
 
 
 def export(cfg: DemoConfig, finetuned_dir: str) -> str:
-    from electra_tf.serving.export import export_finetuned
+    from electra_tf.export import export_finetuned
 
     base = cfg.path("export")
     model_base = os.path.join(base, cfg.model_name)
@@ -284,6 +284,7 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
     """The fine-tuned Keras model's own predictions (Python tokenization), for comparison."""
     import numpy as np
 
+    from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.data.tokenizer import WordpieceTokenizer
     from electra_tf.finetune import features, task_data
     from electra_tf.finetune.saving import load_finetuned
@@ -293,7 +294,7 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
     examples = [task_data.SentenceExample(eid=i, text=s, label=0)
                 for i, s in enumerate(sentences)]
     arrays = features.featurize_sentences(examples, tok, model.max_seq_length)
-    logits = head({k: arrays[k] for k in ("input_ids", "input_mask", "segment_ids")},
+    logits = head({k: arrays[k] for k in INPUT_KEYS},
                   training=False)["logits"]
     logits = np.asarray(logits, np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
@@ -308,8 +309,8 @@ def serve_and_query(cfg: DemoConfig, export_path: str, finetuned_dir: str,
     in-process model, and stops it."""
     import numpy as np
 
-    from serving.client import RestClient
-    from serving.server import ModelServer
+    from electra_tf.serving.client import RestClient
+    from electra_tf.serving.server import ModelServer
 
     model_base = os.path.dirname(export_path)
     with ModelServer(model_base, cfg.model_name, rest_port=0, grpc_port=None) as server:

@@ -92,16 +92,12 @@ def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length:
 
 def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -> str:
     """The discriminator of checkpoint `ckpt-{step}` of a pretraining run, in our format."""
-    from electra_tf.config import ElectraConfig
-    from electra_tf.models import ElectraPretrainer
-    from electra_tf.training.pretraining import CONFIG_FILE, export_discriminator, model_checkpoint
+    from electra_tf.convert.pretrained import load_pretrained
+    from electra_tf.training.pretraining import export_discriminator
 
     if os.path.exists(os.path.join(folder, "config.json")):
         return folder
-    saved = json.loads(Path(model_dir, CONFIG_FILE).read_text())
-    model = ElectraPretrainer(ElectraConfig.from_dict(saved["model_config"]))
-    model_checkpoint(model).read(os.path.join(model_dir, f"ckpt-{step}")).expect_partial()
-    export_discriminator(model, folder, vocab_file)
+    export_discriminator(load_pretrained(model_dir, "pretrainer", step=step).model, folder, vocab_file)
     return folder
 
 

@@ -148,7 +148,7 @@ class Scorer:
         except (OSError, ValueError, KeyError, TypeError):
             trained_length = None
         try:
-            loaded = load_pretrained(str(folder), kind="discriminator")
+            loaded = load_pretrained(str(folder), network="discriminator")
         except ConversionError as e:
             raise ScoringError(str(e)) from None
         vocab_file = vocab_file or loaded.vocab_path
@@ -261,7 +261,7 @@ def progress_logger(every_seconds: float = 10.0, log_fn=None):
 def score_endpoint(discriminator, preprocessor):
     """(fn, input_signature) of a `score` signature: raw text in, Electric scores out.
 
-    `preprocessor` is a `serving.export.ServingPreprocessor` (in-graph WordPiece; its
+    `preprocessor` is a `electra_tf.export.ServingPreprocessor` (in-graph WordPiece; its
     max_seq_length bounds the pieces scored). Outputs: `score` float32 [B], `token_scores`
     float32 [B, S] (0 at [CLS], [SEP] and padding; S is the batch's longest packed row),
     `num_tokens` int32 [B] (pieces scored) and `truncated` bool [B] (the text had more pieces
@@ -299,7 +299,7 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
     """
     import keras
 
-    from electra_tf.serving.export import (
+    from electra_tf.export import (
         ServingPreprocessor, check_version, format_report, write_version)
 
     check_version(export_base, model_name, version)

@@ -44,13 +44,13 @@ import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format, wrappers_pb2
 
-from serving.errors import ServingError, invalid, unavailable
+from electra_tf.serving.errors import ServingError, invalid, unavailable
 
 log = logging.getLogger(__name__)
 
 
 class ModelCall(Protocol):
-    """What a scheduler runs: `serving.server.Signature`."""
+    """What a scheduler runs: `servables.Signature`."""
 
     name: str
 

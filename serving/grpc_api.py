@@ -23,11 +23,11 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from serving.errors import ServingError, invalid, not_found
-from serving.manager import ModelManager
+from electra_tf.serving.errors import ServingError, invalid, not_found
+from electra_tf.serving.manager import ModelManager
 
 if TYPE_CHECKING:
-    from serving.server import ModelServer
+    from electra_tf.serving.server import ModelServer
 
 log = logging.getLogger(__name__)
 

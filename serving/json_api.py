@@ -17,9 +17,9 @@ import numpy as np
 import tensorflow as tf
 from google.protobuf import json_format
 
-from serving.errors import invalid
-from serving.manager import ModelManager
-from serving.servables import DEFAULT_SIGNATURE, Signature
+from electra_tf.serving.errors import invalid
+from electra_tf.serving.manager import ModelManager
+from electra_tf.serving.servables import DEFAULT_SIGNATURE, Signature
 
 _MAX_RANK = 32  # of a JSON input; numpy stops at 64 and no model here takes more than 3
 

@@ -19,9 +19,9 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
 )
 
-from serving.errors import not_found
-from serving.model_config import ModelConfig
-from serving.servables import Servable
+from electra_tf.serving.errors import not_found
+from electra_tf.serving.model_config import ModelConfig
+from electra_tf.serving.servables import Servable
 
 log = logging.getLogger(__name__)
 

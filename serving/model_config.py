@@ -134,12 +134,13 @@ class ModelConfig:
                 " (only 'tensorflow')"
             )
         policy = config.model_version_policy
-        kind = policy.WhichOneof("policy_choice")
-        if kind == "all":
+        version_policy = policy.WhichOneof("policy_choice")
+        if version_policy == "all":
             return cls(config.name, config.base_path, "all")
-        if kind == "specific":
+        if version_policy == "specific":
             return cls(config.name, config.base_path, "specific", tuple(policy.specific.versions))
-        num = policy.latest.num_versions if kind == "latest" and policy.latest.num_versions else 1
+        latest = version_policy == "latest" and policy.latest.num_versions
+        num = policy.latest.num_versions if latest else 1
         return cls(config.name, config.base_path, "latest", num_versions=num)
 
 

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from serving.errors import HTTP_STATUS, ServingError, invalid, not_found
-from serving.json_api import metadata_json, predict_json, status_json
-from serving.rest_connections import ConnectionServer, JsonRequestHandler
-from serving.servables import DEFAULT_SIGNATURE, PREDICT_METHOD
+from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, not_found
+from electra_tf.serving.json_api import metadata_json, predict_json, status_json
+from electra_tf.serving.rest_connections import ConnectionServer, JsonRequestHandler
+from electra_tf.serving.servables import DEFAULT_SIGNATURE, PREDICT_METHOD
 
 if TYPE_CHECKING:
-    from serving.server import ModelServer
+    from electra_tf.serving.server import ModelServer
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
 )
 
-from serving.errors import GRPC_BY_NUMBER, ServingError, invalid
+from electra_tf.serving.errors import GRPC_BY_NUMBER, ServingError, invalid
 
 log = logging.getLogger(__name__)
 

@@ -47,18 +47,18 @@ from tensorflow_serving.apis import (
     prediction_service_pb2,
 )
 
-from serving.batching import Batcher, BatchingParameters, Unbatched
-from serving.defaults import (
+from electra_tf.serving.batching import Batcher, BatchingParameters, Unbatched
+from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
     DEFAULT_REST_MAX_CONNECTIONS,
 )
-from serving.errors import ServingError
-from serving.grpc_api import ModelService, PredictionService, add_servicer
-from serving.manager import ModelManager
-from serving.model_config import ModelConfig
-from serving.rest import RestServer
+from electra_tf.serving.errors import ServingError
+from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
+from electra_tf.serving.manager import ModelManager
+from electra_tf.serving.model_config import ModelConfig
+from electra_tf.serving.rest import RestServer
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Throughput of the pretraining-data builder and reader, printed as a table.
 
-  python -m tools.benchmark_data [--vocab_file=vocab.txt] [--megabytes=8] [--read_seconds=5]
+  python -m electra_tf.tools.benchmark_data [--vocab_file=vocab.txt] [--megabytes=8] [--read_seconds=5]
 
 Builder: the first --megabytes of the embedded IMDB corpus, built with 1 and with 2 worker
 processes (wall clock includes process start-up and TF import; "per process" is WordPieces over
@@ -12,13 +12,12 @@ Without --vocab_file a frequency vocab is made from the corpus (benchmark only: 
 words plus every character and its ## form; its WordPiece counts are close to BERT's on English).
 """
 
-import collections
 import json
 import os
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 
 from electra_tf import cli
 
@@ -26,24 +25,6 @@ _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: made
 _MB = flags.DEFINE_float("megabytes", 8.0, "MB of IMDB text to build from.")
 _READ_SECONDS = flags.DEFINE_float("read_seconds", 5.0, "Seconds to read per sequence length.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
-
-
-def _frequency_vocab(lines, path, num_words=8000):
-    import unicodedata
-
-    from electra_tf.data.tokenizer import special_token_layout, write_vocab
-
-    counts = collections.Counter()
-    for line in lines:
-        text = unicodedata.normalize("NFD", line.lower())
-        text = "".join(c for c in text if unicodedata.category(c) != "Mn")
-        for word in text.split():
-            word = "".join(c if c.isalnum() else " " for c in word)
-            counts.update(word.split())
-    chars = sorted({c for w in counts for c in w if c.isprintable() and not c.isspace()})
-    chars += [c for c in "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~" if c not in chars]
-    words = [w for w, _ in counts.most_common(num_words) if len(w) > 1 and w.isprintable()]
-    write_vocab(special_token_layout() + chars + ["##" + c for c in chars] + words, path)
 
 
 def _build(text_file, vocab, out, procs, seq):
@@ -76,6 +57,7 @@ def _read(pattern, seq, seconds):
 def main(argv):
     del argv
     from electra_tf.data import corpus
+    from electra_tf.data.tokenizer import frequency_vocab, write_vocab
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_bench_")
     text_file = os.path.join(work, "imdb.txt")
@@ -91,7 +73,7 @@ def main(argv):
                 break
     vocab = _VOCAB.value or os.path.join(work, "vocab.txt")
     if not _VOCAB.value:
-        _frequency_vocab(lines, vocab)
+        write_vocab(frequency_vocab(lines), vocab)
     mb = size / 1e6
 
     rows = []

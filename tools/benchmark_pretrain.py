@@ -1,8 +1,8 @@
 """Pretraining throughput on this machine: electra_tf's paths, the PyTorch reference, the matmul bound.
 
-  python -m tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
+  python -m electra_tf.tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
       [--rows=function,binary,binary_bf16,torch] [--steps=6] [--rounds=3] [--loss_steps=0]
-  python -m tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
+  python -m electra_tf.tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
 
 Rows (dropout on, the full objective):
   eager           `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
@@ -114,26 +114,20 @@ def cpu_description() -> str:
 
 
 def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir: str):
-    """Real shards from the embedded IMDB corpus with a quick hand-made vocab -> (glob, ids).
+    """Real shards from the embedded IMDB corpus with a quick vocabulary -> (glob, special ids).
 
-    Returns the special-token ids of that vocab (its ids all lie below the model's vocab size).
+    The vocabulary (`tokenizer.frequency_vocab`, 2,000 words) is cut to the model's vocab size.
     """
-    import collections
-    import re
-
+    from electra_tf.config import SPECIAL_ID_FIELDS
     from electra_tf.data import corpus
     from electra_tf.data import pretraining_data as pd
+    from electra_tf.data.tokenizer import frequency_vocab, special_token_ids, write_vocab
 
     docs = list(itertools.islice(corpus.imdb_documents(), num_docs))
-    words = collections.Counter(w for d in docs for line in d
-                                for w in re.findall(r"[a-z]+|[^a-z\s]", line.lower()))
-    chars = sorted({c for w in words for c in w if c.isprintable() and not c.isspace()})
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars)]
-    vocab += [w for w, _ in words.most_common(2000) if len(w) > 1 and w not in vocab]
-    vocab = vocab[:config_vocab_size]
+    vocab = frequency_vocab((line for d in docs for line in d), num_words=2000,
+                            max_size=config_vocab_size)
     vocab_file = os.path.join(workdir, "vocab.txt")
-    with open(vocab_file, "w", encoding="utf-8") as f:
-        f.write("".join(t + "\n" for t in vocab))
+    write_vocab(vocab, vocab_file)
     text = os.path.join(workdir, "corpus.txt")
     with open(text, "w", encoding="utf-8") as f:
         f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
@@ -141,16 +135,17 @@ def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir
     pd.build_pretraining_data(pd.BuildConfig(
         inputs=[text], vocab_file=vocab_file, output_dir=out, max_seq_length=seq_length,
         num_shards=4, num_processes=1, seed=0), progress_every=60)
-    return os.path.join(out, "pretrain_data.tfrecord-*"), dict(
-        pad_token_id=0, cls_token_id=2, sep_token_id=3, mask_token_id=4)
+    ids = special_token_ids(vocab)
+    return os.path.join(out, "pretrain_data.tfrecord-*"), {name: ids[name] for name in SPECIAL_ID_FIELDS}
 
 
 def in_memory_batches(data, batch: int, seq: int, count: int) -> list:
     """The first `count` batches of the shards, as dicts of int32 tensors."""
     import tensorflow as tf
 
-    spec = {n: tf.io.FixedLenFeature([seq], tf.int64)
-            for n in ("input_ids", "input_mask", "segment_ids")}
+    from electra_tf.data.inputs import INPUT_KEYS
+
+    spec = {n: tf.io.FixedLenFeature([seq], tf.int64) for n in INPUT_KEYS}
     records = tf.data.TFRecordDataset(sorted(tf.io.gfile.glob(data))).repeat()
     parsed = records.batch(batch, drop_remainder=True).map(
         lambda r: {k: tf.cast(v, tf.int32) for k, v in tf.io.parse_example(r, spec).items()})
@@ -187,6 +182,7 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
     import keras
     import tensorflow as tf
 
+    from electra_tf.data import pipeline
     from electra_tf.training import pretraining
     from electra_tf.training.strategy import create_strategy
 
@@ -201,7 +197,7 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
         model, _, _ = pretraining._build(model_config, config, strategy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
-    iterator = iter(strategy.distribute_datasets_from_function(pretraining.resumable_dataset_fn(
+    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data, batch, seq, seed=0)))
     loop = pretraining.make_loop_fn(model, strategy, jit_compile=jit)
     n = tf.constant(per_loop)
@@ -213,7 +209,7 @@ def matmul_bound(model_config, features, worker=None) -> dict:
     """The step's matmuls (from the traced fp32 bare step) timed alone with TF (and torch)."""
     import tensorflow as tf
 
-    from tools import matmul_bound as mb
+    from electra_tf.tools import matmul_bound as mb
 
     model = _bare_model(model_config)
     counts = mb.step_matmuls(tf.function(model.train_step).get_concrete_function(features))
@@ -236,7 +232,7 @@ def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisio
     for precision in ("none", *precisions):
         out = os.path.join(workdir, f"loss_{precision}.json")
         logging.info("loss trajectory, %d steps, mixed precision %s ...", steps, precision)
-        subprocess.run([sys.executable, "-m", "tools.loss_trajectory", f"--config={config_name}",
+        subprocess.run([sys.executable, "-m", "electra_tf.tools.loss_trajectory", f"--config={config_name}",
                         f"--steps={steps}", f"--batch_size={batch}", f"--seq_length={seq}",
                         f"--mixed_precision={precision}", f"--out={out}"],
                        check=True, stdout=subprocess.DEVNULL)
@@ -248,7 +244,7 @@ def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisio
 def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     import tensorflow as tf
 
-    from tools import matmul_bound as mb
+    from electra_tf.tools import matmul_bound as mb
 
     model_config, samples = measured["model_config"], measured["samples"]
     bound, tokens = measured.get("bound"), measured["tokens"]
@@ -326,10 +322,10 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
 
 
 def serve_row(row: str, workdir: str) -> None:
-    """The child side of one row (`--serve_row`): builds and serves it (`tools.row_worker`)."""
+    """The child side of one row (`--serve_row`): builds and serves it (`electra_tf.tools.row_worker`)."""
     import tensorflow as tf
 
-    from tools import row_worker
+    from electra_tf.tools import row_worker
 
     model_config, batches, setup = row_worker.load_inputs(workdir)
     batches = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
@@ -348,7 +344,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     import numpy as np
 
     from electra_tf.config import ElectraConfig
-    from tools import row_worker
+    from electra_tf.tools import row_worker
 
     base_config = ElectraConfig.from_json(config_name)
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
@@ -364,13 +360,15 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
             logging.info("building and warming up row %s ...", row)
             env = None
             if row == "torch":
-                command = [sys.executable, "-m", "tools.torch_reference", workdir]
+                command = [sys.executable, "-m", "electra_tf.tools.torch_reference", workdir]
             elif row == "model_garden":
-                command = [_MODEL_GARDEN.value, "-m", "tools.model_garden_reference", workdir]
+                # By file: the side venv has `electra_tf` on PYTHONPATH but no install of it.
+                command = [_MODEL_GARDEN.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                             "model_garden_reference.py"), workdir]
                 env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
-                    os.path.abspath(__file__)))}
+                    os.path.abspath(cli.__file__)))}
             else:
-                command = [sys.executable, "-m", "tools.benchmark_pretrain", f"--serve_row={row}",
+                command = [sys.executable, "-m", "electra_tf.tools.benchmark_pretrain", f"--serve_row={row}",
                            f"--workdir={workdir}"]
             try:
                 workers[row] = row_worker.Worker(command, row, env)
@@ -445,7 +443,7 @@ def main(argv):
         rows = (*rows, "model_garden")
     rows = tuple(row for row in rows if row not in skipped)
     if "torch" in rows:
-        from tools.torch_reference import available
+        from electra_tf.tools.torch_reference import available
 
         reason = available()
         if reason:

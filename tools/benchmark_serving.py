@@ -1,9 +1,9 @@
 """Serving latency and throughput of an ELECTRA-Small classifier export, printed as a table.
 
-  python -m tools.benchmark_serving [--vocab_file=vocab.txt] [--seconds=5] [--batch_sizes=1,8,32]
+  python -m electra_tf.tools.benchmark_serving [--vocab_file=vocab.txt] [--seconds=5] [--batch_sizes=1,8,32]
 
 Builds `SentenceClassifier` on `configs/electra_small.json` (random weights: speed does not
-depend on them), exports it with `electra_tf.serving.export_head` (max_seq_length 128, raw-text
+depend on them), exports it with `electra_tf.export.export_head` (max_seq_length 128, raw-text
 `serving_default` with in-graph tokenization) and times one request at a time, from one client:
 
 - `saved_model`: `tf.saved_model.load` in this process, the `serving_default` signature;
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from electra_tf import cli
 
@@ -52,11 +52,12 @@ def main(argv):
     del argv
     import tensorflow as tf
 
+    from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.finetune import features as F
     from electra_tf.finetune.task_data import SentenceExample
-    from serving.client import GrpcClient, RestClient
-    from serving.server import ModelServer
-    from tools.serving_bench_model import export_small_classifier
+    from electra_tf.serving.client import GrpcClient, RestClient
+    from electra_tf.serving.server import ModelServer
+    from electra_tf.tools.serving_bench_model import export_small_classifier
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_serving_bench_")
     path, head, tokenizer, sentences, export_seconds = export_small_classifier(work, _VOCAB.value, _MAX_SEQ_LENGTH.value)
@@ -88,7 +89,7 @@ def main(argv):
         texts = tf.constant(batches[b])
         measure("saved_model", b, lambda: text_fn(text=texts)["label"].numpy())
     for b in batch_sizes:
-        tensors = {k: tf.constant(ids[b][k]) for k in ("input_ids", "input_mask", "segment_ids")}
+        tensors = {k: tf.constant(ids[b][k]) for k in INPUT_KEYS}
         measure("saved_model ids", b, lambda: ids_fn(**tensors)["logits"].numpy())
     del loaded, text_fn, ids_fn
 

@@ -9,7 +9,7 @@ import json
 from absl import app, flags
 
 from electra_tf import cli
-from serving.client import GrpcClient, RestClient, ServingRequestError
+from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("server", "127.0.0.1:8501", "host:port of the REST or gRPC endpoint.")

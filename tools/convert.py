@@ -1,7 +1,7 @@
 r"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face and electra_tf.
 
   electra-convert --input=electra_small --output=/tmp/small_hf --output_format=hf \
-      [--input_format=auto] [--kind=auto] [--config=electra_small] [--allow_unknown]
+      [--input_format=auto] [--network=auto] [--config=electra_small] [--allow_unknown]
 
 --input is a TF1 checkpoint prefix or released archive folder, a Hugging Face folder
 (config.json + model.safetensors / pytorch_model.bin), a folder written by electra_tf, or a
@@ -12,7 +12,7 @@ Prints the mapping report (mapped, ignored, missing) of the import and of the ex
 See electra_tf/convert/ for the formats.
 """
 
-from absl import app, flags
+from absl import app, flags, logging
 
 from electra_tf import cli
 from electra_tf.config import ConfigError
@@ -27,10 +27,11 @@ _OUTPUT_FORMAT = flags.DEFINE_enum("output_format", "electra_tf", list(pretraine
                                    "Format to write.")
 _CONFIG = flags.DEFINE_string("config", None, "Pretraining config name or path (default: from "
                               "the checkpoint).")
-_KIND = flags.DEFINE_enum(
-    "kind", "auto", ["auto", *pretrained.KINDS], "What to convert: auto takes both networks "
-    "(the pretrainer) when the input has a generator, else the discriminator; the HF export of "
-    "a pretrainer is a discriminator/ and a generator/ folder.")
+_NETWORK = flags.DEFINE_enum(
+    "network", "auto", ["auto", *pretrained.NETWORKS], "What to convert: auto takes both "
+    "networks (the pretrainer) when the input has a generator, else the discriminator; the HF "
+    "export of a pretrainer is a discriminator/ and a generator/ folder.")
+flags.DEFINE_alias("kind", "network")  # its old name, deprecated
 _ALLOW_UNKNOWN = flags.DEFINE_bool("allow_unknown", False,
                                    "Skip checkpoint tensors nothing accounts for instead of failing.")
 
@@ -38,10 +39,12 @@ _ALLOW_UNKNOWN = flags.DEFINE_bool("allow_unknown", False,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    if flags.FLAGS["kind"].present:
+        logging.warning("--kind is deprecated: use --network (same values)")
     try:
         imported, exported = pretrained.convert(
             _INPUT.value, _OUTPUT.value, input_format=_INPUT_FORMAT.value,
-            output_format=_OUTPUT_FORMAT.value, kind=_KIND.value, config=_CONFIG.value,
+            output_format=_OUTPUT_FORMAT.value, network=_NETWORK.value, config=_CONFIG.value,
             allow_unknown=_ALLOW_UNKNOWN.value)
     except (ConversionError, ConfigError) as e:  # a damaged file too: one line naming it
         raise SystemExit(f"electra-convert: error: {e}")

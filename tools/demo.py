@@ -1,6 +1,6 @@
 """The main job on the embedded corpus: `make demo` (see electra_tf/demo.py for the stages).
 
-  python -m tools.demo [--workdir=runs/demo] [--scale=1.0]
+  python -m electra_tf.tools.demo [--workdir=runs/demo] [--scale=1.0]
 
 --scale multiplies data and training: 1.0 pretrains for about ten minutes on 2 CPU cores and
 fine-tunes the pretrained and a randomly initialised encoder with 3 seeds each; 0.02 runs the

@@ -1,7 +1,7 @@
 """Trains a small Electric model on the embedded corpus and checks its sentence scores: how often
 a held-out IMDB sentence outscores the same words shuffled (electra_tf/ranking.py).
 
-  python -m tools.electric_ranking --workdir=runs/electric_ranking [--steps=6000] \
+  python -m electra_tf.tools.electric_ranking --workdir=runs/electric_ranking [--steps=6000] \
       [--num_documents=4000] [--batch_size=64] [--learning_rate=1e-3] [--num_sentences=500]
 
 Prints the result as JSON and writes it to WORKDIR/ranking.json. Each stage (corpus, vocab,

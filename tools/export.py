@@ -13,7 +13,7 @@ objective=electric` pretraining run's `--model_dir`, or its `discriminator/`) is
  The in-graph tokenizer lower-cases (and strips
 accents) only if the model was fine-tuned so (`lower_case` in `best/head_config.json`).
 Signatures, the custom-op report and the TF Serving versions that can load the result:
-`electra_tf/serving/export.py` and `serving/README.md`.
+`electra_tf/export.py` and `serving/README.md`.
 """
 
 import os
@@ -57,7 +57,7 @@ def main(argv):
         except FileNotFoundError as not_finetuned:
             _export_electric(checkpoint, export_base, not_finetuned)
             return
-        from electra_tf.serving.export import export_finetuned
+        from electra_tf.export import export_finetuned
 
         if _MAX_SEQ_LENGTH.value is not None:
             raise ValueError("--max_seq_length is for Electric models; a fine-tuned model is "

@@ -1,6 +1,6 @@
 r"""Write TF Serving's models.config for one or more models.
 
-    python -m tools.generate_models_config --model=electra:/models/electra \
+    python -m electra_tf.tools.generate_models_config --model=electra:/models/electra \
         --model=electra_v1:/models/electra:1 --output=models.config
 
 Each --model is NAME:BASE_PATH[:POLICY], POLICY one of `latest` (default), `latestN`
@@ -11,7 +11,7 @@ the server sees it (e.g. inside the container).
 from absl import app, flags
 
 from electra_tf import cli
-from serving.model_config import ModelConfig, ModelConfigError, models_config_text
+from electra_tf.serving.model_config import ModelConfig, ModelConfigError, models_config_text
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("model", [], "NAME:BASE_PATH[:POLICY]")

@@ -1,9 +1,9 @@
 """The REST server under load: a lone client's latency against N clients sending good and bad requests.
 
-  python -m tools.load_test_serving [--clients=8] [--seconds=60] [--bad_fraction=0.25] [--modes=unbatched,batched]
-  python -m tools.load_test_serving --server=127.0.0.1:8501 --model_name=electra --max_body_bytes=16777216
+  python -m electra_tf.tools.load_test_serving [--clients=8] [--seconds=60] [--bad_fraction=0.25] [--modes=unbatched,batched]
+  python -m electra_tf.tools.load_test_serving --server=127.0.0.1:8501 --model_name=electra --max_body_bytes=16777216
 
-Without --server, the model is tools.benchmark_serving's ELECTRA-Small classifier
+Without --server, the model is electra_tf.tools.benchmark_serving's ELECTRA-Small classifier
 (tools/serving_bench_model.py: random weights, raw-text `serving_default` tokenized in-graph,
 max_seq_length 128), or --model_base_path;
 for each of --modes an `electra-serve` child process is started on it (so that the clients here
@@ -143,10 +143,10 @@ def run_phase(host: str, port: int, path: str, requests: Requests, clients: int,
 
 
 class ChildServer:
-    """`python -m tools.serve` on a free port, its log kept for the report."""
+    """`python -m electra_tf.tools.serve` on a free port, its log kept for the report."""
 
     def __init__(self, model_base: str, model_name: str, extra_flags: list[str]):
-        command = [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", f"--model_name={model_name}",
+        command = [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}", f"--model_name={model_name}",
                    "--rest_api_port=0", "--port=0", "--file_system_poll_wait_seconds=0", *extra_flags]
         repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=repo, TF_CPP_MIN_LOG_LEVEL="2")
@@ -200,7 +200,7 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from tools.serving_bench_model import export_small_classifier
+    from electra_tf.tools.serving_bench_model import export_small_classifier
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_load_test_")
     from electra_tf.data import corpus

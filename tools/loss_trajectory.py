@@ -1,9 +1,9 @@
 r"""A fixed-seed pretraining loss trajectory, to compare two versions of the library or precisions.
 
-  python -m tools.loss_trajectory [--config=electra_small] [--steps=50] [--batch_size=16] \
+  python -m electra_tf.tools.loss_trajectory [--config=electra_small] [--steps=50] [--batch_size=16] \
       [--seq_length=128] [--mixed_precision=none|bfloat16|float16] [--seed=0] [--vocab_size=0] \
       [--threads=0] [--out=FILE.json]
-  python -m tools.loss_trajectory --compare A.json B.json
+  python -m electra_tf.tools.loss_trajectory --compare A.json B.json
 
 The run: `keras.utils.set_random_seed(seed)`, the Keras mixed-precision policy of
 `--mixed_precision` (the previous policy is restored afterwards), `ElectraPretrainer(config,

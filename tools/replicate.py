@@ -1,6 +1,6 @@
 """ELECTRA vs the MLM baseline and the paper's other objectives at equal pretraining compute.
 
-  python -m tools.replicate [--workdir=runs/replication] [--electra_steps=4000] [--num_seeds=3]
+  python -m electra_tf.tools.replicate [--workdir=runs/replication] [--electra_steps=4000] [--num_seeds=3]
       [--num_points=2] [--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm[,electric]]
       [--eval_split=dev|tune]
 

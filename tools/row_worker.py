@@ -10,7 +10,7 @@ child in turn to run n steps, and reads each child's peak resident memory when i
 Protocol: one command line in, one JSON line out.
   info         the row's description (dict)
   steps N      runs N steps; answers the last loss
-  matmul JSON  times the given `tools.matmul_bound` specs; answers seconds per product
+  matmul JSON  times the given `electra_tf.tools.matmul_bound` specs; answers seconds per product
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import threading
 from absl import app, flags, logging
 
 from electra_tf import cli
-from serving import model_config
-from serving.batching import BatchingParameters, read_batching_parameters
-from serving.defaults import (
+from electra_tf.serving import model_config
+from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
@@ -61,7 +61,7 @@ def main(argv):
             raise app.UsageError(f"--batching_parameters_file: {e}")
     elif FLAGS.batching_parameters_file:
         logging.warning("--batching_parameters_file is ignored without --enable_batching")
-    from serving.server import ModelServer  # TensorFlow: after the flags
+    from electra_tf.serving.server import ModelServer  # TensorFlow: after the flags
 
     server = ModelServer(
         FLAGS.model_base_path,

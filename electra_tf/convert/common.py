@@ -1,7 +1,8 @@
 """What every checkpoint format shares: the walk over our weights, the checks and the report.
 
 Every weight of our Keras models is described once, by a `Slot` named with its variable name in
-the authors' TF1 checkpoints (reference: "Released checkpoint variable names"). The TF1 format uses
+the authors' TF1 checkpoints (the scopes of google-research/electra's `model/modeling.py` and
+`run_pretraining.py`, as the released archives list them). The TF1 format uses
 these names directly; the Hugging Face format translates them (`hf.hf_name`). A slot also knows the
 tensor's shape in those checkpoints, where attention kernels are flat [H, H] matrices rather than
 the [H, heads, head_dim] of Keras' MultiHeadAttention.
@@ -22,11 +23,12 @@ import dataclasses
 import glob
 import json
 import re
-from collections import Counter
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from electra_tf.config import SPECIAL_ID_FIELDS
 
 
 class ConversionError(ValueError):
@@ -219,13 +221,13 @@ def model_slots(model, scopes: tuple[str, str] | None = None) -> list[Slot]:
     return list(unique.values())
 
 
-def model_kind(model) -> str:
+def network_of(model) -> str:
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
-    for cls, kind in ((ElectraPretrainer, "pretrainer"), (Discriminator, "discriminator"),
+    for cls, network in ((ElectraPretrainer, "pretrainer"), (Discriminator, "discriminator"),
                       (Generator, "generator")):
         if isinstance(model, cls):
-            return kind
+            return network
     raise TypeError(f"not an ELECTRA model: {type(model).__name__}")
 
 
@@ -314,29 +316,23 @@ def assign(slots: list[Slot], arrays: dict[str, np.ndarray], *,
         variable.assign(value.reshape(tuple(variable.shape)).astype(variable.dtype))
 
 
-def ignored_counts(report: ConversionReport) -> Counter:
-    return Counter(reason for _, reason in report.ignored)
-
-
 # --- vocabulary --------------------------------------------------------------------------------
-SPECIAL_TOKENS = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
-                  "mask_token_id": "[MASK]"}
-
-
-def read_vocab(vocab_file) -> list[str]:
-    return Path(vocab_file).read_text(encoding="utf-8").splitlines()
-
-
 def vocab_overrides(vocab_file, vocab_size: int) -> dict:
-    """Special-token ids from `vocab_file`; raises if its size differs from the checkpoint's."""
+    """The config's special-token ids from `vocab_file`; raises ConversionError if it is not a
+    vocabulary (`tokenizer.load_vocab`) or its size differs from the checkpoint's."""
     if vocab_file is None:
         return {}
-    tokens = read_vocab(vocab_file)
+    from electra_tf.data.tokenizer import VocabError, load_vocab, special_token_ids  # TensorFlow
+
+    try:
+        tokens = load_vocab(str(vocab_file))
+    except VocabError as e:
+        raise ConversionError(str(e)) from None
     if len(tokens) != vocab_size:
         raise ConversionError(f"vocabulary size mismatch: {vocab_file} has {len(tokens)} tokens but "
                               f"the checkpoint's word_embeddings have {vocab_size} rows")
-    index = {t: i for i, t in enumerate(tokens)}
-    return {field: index[tok] for field, tok in SPECIAL_TOKENS.items() if tok in index}
+    ids = special_token_ids(tokens)
+    return {name: ids[name] for name in SPECIAL_ID_FIELDS}
 
 
 def check_vocab_size(config, vocab_size: int, where: str) -> None:

@@ -1,8 +1,8 @@
 """Hugging Face ELECTRA checkpoints (`model.safetensors` / `pytorch_model.bin` + `config.json`)
 <-> our Keras models.
 
-Hugging Face stores the released tensors under other names (reference: "Released checkpoint
-variable names"): `electra.encoder.layer.3.attention.self.query.weight` for
+Hugging Face stores the released tensors under other names (transformers'
+`models/electra/modeling_electra.py`): `electra.encoder.layer.3.attention.self.query.weight` for
 `electra/encoder/layer_3/attention/self/query/kernel`, `discriminator_predictions.dense_prediction`
 for `discriminator_predictions/dense_1`, `generator_lm_head.bias` for
 `generator_predictions/output_bias`, and torch `Linear` weights as [out, in] (transposed).
@@ -28,7 +28,7 @@ import numpy as np
 
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, Slot, assign, check_vocab_size, damaged, model_kind,
+    ConversionError, ConversionReport, Slot, assign, check_vocab_size, damaged, network_of,
     model_slots, plan_load, read_json, vocab_overrides)
 from electra_tf.files import give_normal_mode
 
@@ -204,12 +204,12 @@ def _prefix(state) -> str:
 def load_hf(model, state: dict, *, allow_unknown: bool = False, allow_missing: bool = False,
             source: str = "hf") -> ConversionReport:
     """Copies a HF state dict into a Discriminator or Generator (all checked first)."""
-    kind = model_kind(model)
-    if kind == "pretrainer":
+    network = network_of(model)
+    if network == "pretrainer":
         raise ConversionError("a Hugging Face file holds one network: load the discriminator and the "
-                              "generator separately (load_hf_model(kind='pretrainer') does both)")
+                              "generator separately (load_hf_model(network='pretrainer') does both)")
     prefix = _prefix(state)
-    slots = model_slots(model, ("generator", "electra") if kind == "generator" else None)
+    slots = model_slots(model, ("generator", "electra") if network == "generator" else None)
     word = f"{prefix}embeddings.word_embeddings.weight"
 
     def name_of(slot):
@@ -223,7 +223,7 @@ def load_hf(model, state: dict, *, allow_unknown: bool = False, allow_missing: b
                 raise ConversionError(f"{source}: generator_lm_head.weight differs from {word}; our "
                                       "generator ties its output layer to the word embeddings")
             return "tied to the word embeddings"
-        if (name.startswith("discriminator_predictions.") and kind == "discriminator"
+        if (name.startswith("discriminator_predictions.") and network == "discriminator"
                 and model.rtd_head is None):
             return "replaced-token-detection head (the model has none)"
         return None
@@ -231,7 +231,7 @@ def load_hf(model, state: dict, *, allow_unknown: bool = False, allow_missing: b
     shapes = {k: tuple(np.shape(v)) for k, v in state.items()}
     report = plan_load(slots, shapes, name_of=name_of, shape_of=_hf_shape, classify=classify,
                        allow_missing=allow_missing, allow_unknown=allow_unknown, source=source,
-                       target=f"{kind} ({model.name})")
+                       target=f"{network} ({model.name})")
     assign(slots, state, name_of=name_of, to_tf1_layout=_from_hf)
     return report
 
@@ -247,15 +247,15 @@ def _resolve_config(config):
     return ElectraConfig.from_json(config)
 
 
-def load_hf_model(path, kind: str = "discriminator", config=None, **load_kwargs):
-    """Builds our model of `kind` for a Hugging Face folder and loads it.
+def load_hf_model(path, network: str = "discriminator", config=None, **load_kwargs):
+    """Builds our model of `network` for a Hugging Face folder and loads it.
 
     Args:
-      path: a folder with config.json and weights (for kind="pretrainer": a folder with
+      path: a folder with config.json and weights (for network="pretrainer": a folder with
         `discriminator/` and `generator/` HF folders).
-      kind: "discriminator", "generator" or "pretrainer".
+      network: "discriminator", "generator" or "pretrainer".
       config: optional pretraining `ElectraConfig` (name or path); by default it comes from
-        config.json. For kind="generator" a given config is the pretraining config and the
+        config.json. For network="generator" a given config is the pretraining config and the
         generator is built with `config.generator_config()`.
 
     Returns (model, model_config, report, vocab_file); `model_config` is the config the model was
@@ -265,26 +265,26 @@ def load_hf_model(path, kind: str = "discriminator", config=None, **load_kwargs)
 
     folder = Path(path)
     config = _resolve_config(config)
-    if (kind in ("discriminator", "generator") and not (folder / "config.json").exists()
-            and (folder / kind / "config.json").exists()):
-        folder = folder / kind  # a pretrainer's pair of folders: take the network asked for
-    if kind == "pretrainer":
+    if (network in ("discriminator", "generator") and not (folder / "config.json").exists()
+            and (folder / network / "config.json").exists()):
+        folder = folder / network  # a pretrainer's pair of folders: take the network asked for
+    if network == "pretrainer":
         return _load_hf_pretrainer(folder, config, **load_kwargs)
-    if kind not in ("discriminator", "generator"):
-        raise ValueError(f"kind must be 'discriminator', 'generator' or 'pretrainer', got {kind!r}")
+    if network not in ("discriminator", "generator"):
+        raise ValueError(f"network must be 'discriminator', 'generator' or 'pretrainer', got {network!r}")
     vocab_file = _vocab_in(folder)
     state = load_state_dict(folder)
     prefix = _prefix(state)
     word = f"{prefix}embeddings.word_embeddings.weight"
     if config is None:
         config = config_from_hf(read_hf_config(folder), vocab_file)
-        if kind == "generator":
+        if network == "generator":
             config = config.replace(generator_hidden_size=1.0, generator_layers=1.0)
-    elif kind == "generator":
+    elif network == "generator":
         config = config.generator_config()
     if word in state:
         check_vocab_size(config, state[word].shape[0], f"{folder}: {word}")
-    if kind == "discriminator":
+    if network == "discriminator":
         model = Discriminator(config, rtd_head="discriminator_predictions.dense.weight" in state)
     else:
         model = Generator(config)
@@ -347,15 +347,15 @@ def _load_hf_pretrainer(folder: Path, config, **load_kwargs):
 def hf_tensors(model) -> tuple[dict[str, np.ndarray], str, list]:
     """(state dict, architecture, [(our path, HF name, HF shape)]) of a Discriminator or Generator
     in Hugging Face's layout."""
-    kind = model_kind(model)
-    if kind == "discriminator":
+    network = network_of(model)
+    if network == "discriminator":
         architecture = ARCHITECTURES["discriminator" if model.rtd_head is not None else "encoder"]
-    elif kind == "generator":
+    elif network == "generator":
         architecture = ARCHITECTURES["generator"]
     else:
         raise ConversionError("hf_tensors takes one network; export_hf splits a pretrainer")
     prefix = "" if architecture == "ElectraModel" else "electra."
-    slots = model_slots(model, ("generator", "electra") if kind == "generator" else None)
+    slots = model_slots(model, ("generator", "electra") if network == "generator" else None)
     tensors, mapped = {}, []
     for slot in slots:
         value = slot.value()
@@ -394,14 +394,14 @@ def export_hf(model, output_dir, *, vocab_file=None, lower_case: bool | None = N
     if lower_case is None and vocab_file is not None:
         lower_case, _ = checkpoint_lower_case(Path(vocab_file).parent)
     lower_case = True if lower_case is None else bool(lower_case)
-    kind = model_kind(model)
-    if kind == "pretrainer" and model.config.objective == "electric":
+    network = network_of(model)
+    if network == "pretrainer" and model.config.objective == "electric":
         raise ConversionError("Hugging Face has no model for Electric's two-tower generator: "
-                              "export kind='discriminator' (or write TF1 / electra_tf)")
-    report = ConversionReport(source=f"{kind} ({model.name})", target=f"hf:{out}")
+                              "export network='discriminator' (or write TF1 / electra_tf)")
+    report = ConversionReport(source=f"{network} ({model.name})", target=f"hf:{out}")
     parts = ([("discriminator", model.discriminator, out / "discriminator"),
-              ("generator", model.generator, out / "generator")] if kind == "pretrainer"
-             else [(kind, model, out)])
+              ("generator", model.generator, out / "generator")] if network == "pretrainer"
+             else [(network, model, out)])
     for _, network, folder in parts:
         if network is None:
             continue

@@ -65,7 +65,7 @@ import numpy as np
 
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, model_kind, read_json, vocab_overrides)
+    ConversionError, ConversionReport, network_of, read_json, vocab_overrides)
 
 MARKER = "electra_tf_preset.json"
 BACKBONE_CLASS = "ElectraBackbone"
@@ -172,7 +172,7 @@ def _weight_pairs(ours, backbone) -> list[tuple[object, object]]:
 
 def _encoder_of(model):
     """The Discriminator (or Generator) whose encoder goes into a backbone."""
-    return model.discriminator if model_kind(model) == "pretrainer" else model
+    return model.discriminator if network_of(model) == "pretrainer" else model
 
 
 def _dropped(model, encoder, pairs) -> list[tuple[str, str]]:
@@ -208,7 +208,7 @@ def to_keras_hub_backbone(model):
     pooler = backbone.pooled_dense
     pooler.kernel.assign(np.eye(*pooler.kernel.shape, dtype="float32"))
     pooler.bias.assign(np.zeros(pooler.bias.shape, "float32"))
-    report = ConversionReport(source=f"{model_kind(model)} ({model.name})",
+    report = ConversionReport(source=f"{network_of(model)} ({model.name})",
                               target=f"keras_hub ElectraBackbone ({backbone.name})")
     report.mapped = [(a.path, b.path, tuple(a.shape)) for a, b in pairs]
     report.ignored = _dropped(model, encoder, pairs)

@@ -22,25 +22,27 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import hf, tf1
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, check_vocab_size, damaged, model_kind, open_tf_checkpoint,
+    ConversionError, ConversionReport, check_vocab_size, damaged, network_of, open_tf_checkpoint,
     read_json, reading_tf_tensors)
 
 FORMATS = ("tf1", "hf", "electra_tf", "keras_hub")
-KINDS = ("discriminator", "generator", "pretrainer")
-MARKER = "electra_tf_checkpoint.json"
+# What to load, convert or save: one network, or "pretrainer", both with their heads.
+NETWORKS = ("discriminator", "generator", "pretrainer")
+MARKER = "electra_tf_checkpoint.json"  # version 2 names the network in "network", version 1 in "kind"
 RUN_RECORD = "pretraining_config.json"  # in an `electra-pretrain --model_dir`
 CHECKPOINT_NAME = "model"  # <folder>/model.index, model.data-*
 
 
 class Pretrained(NamedTuple):
     model: object
-    config: ElectraConfig  # the config the model was built with (a generator's own for kind="generator")
+    config: ElectraConfig  # the config the model was built with (a generator's own for network="generator")
     vocab_path: str | None
     report: ConversionReport
     format: str
@@ -56,13 +58,13 @@ def save_electra_checkpoint(model, config: ElectraConfig, folder, vocab_file=Non
     """
     import tensorflow as tf
 
-    kind = model_kind(model)
-    if kind == "pretrainer":
+    network = network_of(model)
+    if network == "pretrainer":
         objects = {"discriminator": model.discriminator}
         if model.generator is not None:
             objects["generator"] = model.generator
     else:
-        objects = {kind: model}
+        objects = {network: model}
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     prefix = tf.train.Checkpoint(**objects).write(str(out / CHECKPOINT_NAME))
@@ -72,39 +74,46 @@ def save_electra_checkpoint(model, config: ElectraConfig, folder, vocab_file=Non
         vocab = "vocab.txt"
         if Path(vocab_file).resolve() != (out / vocab).resolve():
             shutil.copyfile(vocab_file, out / vocab)
-    disc = model.discriminator if kind == "pretrainer" else model
+    disc = model.discriminator if network == "pretrainer" else model
     marker = {
-        "format": "electra_tf", "version": 1, "kind": kind, "objects": sorted(objects),
+        "format": "electra_tf", "version": 2, "network": network, "objects": sorted(objects),
         "checkpoint": CHECKPOINT_NAME, "config": "config.json", "vocab": vocab,
-        "rtd_head": getattr(disc, "rtd_head", None) is not None if kind != "generator" else None,
+        "rtd_head": getattr(disc, "rtd_head", None) is not None if network != "generator" else None,
     }
     (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
     return prefix
 
 
-def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
+def saved_network(folder) -> str | None:
+    """The network a folder written by `save_electra_checkpoint` holds (its marker's "network", or
+    "kind" in the marker of version 1)."""
+    marker = read_json(Path(folder) / MARKER)
+    return marker.get("network", marker.get("kind"))
+
+
+def _load_electra_tf(folder: Path, network: str, config=None) -> Pretrained:
     import tensorflow as tf
 
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
     marker = read_json(folder / MARKER)
-    saved = marker.get("kind")
-    if saved not in KINDS:
-        raise damaged(folder / MARKER, f"field 'kind': expected one of {KINDS}, got {saved!r}")
+    saved = saved_network(folder)
+    if saved not in NETWORKS:
+        raise damaged(folder / MARKER, f"field 'network': expected one of {NETWORKS}, got {saved!r}")
     saved_config = ElectraConfig.from_json(folder / marker.get("config", "config.json"))
     if config is not None:
         config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
         check_vocab_size(config, saved_config.vocab_size, f"{folder / 'config.json'}")
     else:
         config = saved_config
-    if saved != "pretrainer" and kind != saved:
-        raise ConversionError(f"{folder} holds a {saved}, not a {kind}")
-    if kind == "pretrainer":
+    if saved != "pretrainer" and network != saved:
+        raise ConversionError(f"{folder} holds a {saved}, not a {network}")
+    if network == "pretrainer":
         model = ElectraPretrainer(config)
         objects = {"discriminator": model.discriminator}
         if model.generator is not None:
             objects["generator"] = model.generator
-    elif kind == "discriminator":
+    elif network == "discriminator":
         model = Discriminator(config, rtd_head=marker.get("rtd_head", True) is not False)
         objects = {"discriminator": model}
     else:
@@ -119,14 +128,14 @@ def _load_electra_tf(folder: Path, kind: str, config=None) -> Pretrained:
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
-        raise ConversionError(f"{prefix} does not match the {kind} built from its config: {e}") from None
+        raise ConversionError(f"{prefix} does not match the {network} built from its config: {e}") from None
     status.expect_partial()
-    report = ConversionReport(source=f"electra_tf:{folder}", target=f"{kind} ({model.name})")
+    report = ConversionReport(source=f"electra_tf:{folder}", target=f"{network} ({model.name})")
     report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
     restored = tuple(f"{k}/" for k in objects)
     for name in sorted(variables):
         if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith(restored):
-            report.ignored.append((name, f"not part of the {kind}"))
+            report.ignored.append((name, f"not part of the {network}"))
     vocab = folder / "vocab.txt"
     return Pretrained(model, model.config, str(vocab) if vocab.exists() else None, report,
                       "electra_tf")
@@ -138,9 +147,9 @@ def is_run_folder(path) -> bool:
     return p.is_dir() and (p / RUN_RECORD).exists() and any(p.glob("ckpt-*.index"))
 
 
-def _load_run_folder(folder: Path, kind: str, config=None) -> Pretrained:
-    """Both networks of a pretraining run, from its newest readable checkpoint (the optimizer's
-    slots stay behind), as `kind`."""
+def _load_run_folder(folder: Path, network: str, config=None, step: int | None = None) -> Pretrained:
+    """Both networks of a pretraining run, from its newest readable checkpoint or from the one
+    of `step` (the optimizer's slots stay behind), as `network`."""
     from electra_tf.models import ElectraPretrainer
     from electra_tf.training import pretraining
 
@@ -154,26 +163,31 @@ def _load_run_folder(folder: Path, kind: str, config=None) -> Pretrained:
         config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
         check_vocab_size(config, saved_config.vocab_size, str(record_path))
     model = ElectraPretrainer(config or saved_config)
-    prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
-                   if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
-    if prefix is None:
-        raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
+    if step is not None:
+        prefix = str(folder / f"{pretraining.CHECKPOINT_PREFIX}-{step}")
+        if not Path(prefix + ".index").exists():
+            raise ConversionError(f"{folder}: no checkpoint of step {step} ({Path(prefix).name}.index)")
+    else:
+        prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
+                       if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
+        if prefix is None:
+            raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
     status = pretraining.model_checkpoint(model).read(prefix)
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
         raise ConversionError(f"{prefix} does not fit the model of {record_path}: {str(e)[:200]}") from None
     status.expect_partial()
-    if kind == "generator" and model.generator is None:
+    if network == "generator" and model.generator is None:
         raise ConversionError(f"{folder}: objective {model.config.objective!r} has no generator")
     chosen = {"pretrainer": model, "discriminator": model.discriminator,
-              "generator": model.generator}[kind]
-    report = ConversionReport(source=f"electra_tf run:{prefix}", target=f"{kind} ({chosen.name})")
+              "generator": model.generator}[network]
+    report = ConversionReport(source=f"electra_tf run:{prefix}", target=f"{network} ({chosen.name})")
     report.mapped = [(v.path, v.path, tuple(v.shape)) for v in chosen.weights]
-    if kind != "pretrainer":
-        other = model.generator if kind == "discriminator" else model.discriminator
+    if network != "pretrainer":
+        other = model.generator if network == "discriminator" else model.discriminator
         ours = {id(v) for v in chosen.weights}
-        report.ignored = [(v.path, f"not part of the {kind}") for v in (other.weights if other else [])
+        report.ignored = [(v.path, f"not part of the {network}") for v in (other.weights if other else [])
                           if id(v) not in ours]
     vocab = record.get("vocab_file")
     return Pretrained(chosen, chosen.config, vocab if vocab and Path(vocab).exists() else None,
@@ -206,52 +220,63 @@ def detect_format(path) -> str:
         "ElectraBackbone (keras_hub)")
 
 
-def load_pretrained(path, kind: str = "discriminator", config=None, *, input_format: str = "auto",
-                    **load_kwargs) -> Pretrained:
+def _deprecated_kind(network: str, kind: str | None) -> str:
+    """`kind=`, the old name of `network=`, still works (with a DeprecationWarning)."""
+    if kind is None:
+        return network
+    warnings.warn("kind= is deprecated: use network=", DeprecationWarning, stacklevel=3)
+    return kind
+
+
+def load_pretrained(path, network: str = "discriminator", config=None, *, input_format: str = "auto",
+                    step: int | None = None, kind: str | None = None, **load_kwargs) -> Pretrained:
     """Like `from_pretrained`, also returning the conversion report and the detected format.
 
     `load_kwargs` (allow_unknown, allow_missing; tf1 also ignore_task_specific) go to the loader.
+    `step` picks a pretraining run folder's checkpoint (default: its newest readable one).
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    network = _deprecated_kind(network, kind)
+    if network not in NETWORKS:
+        raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
     fmt = detect_format(path) if input_format == "auto" else input_format
     if fmt == "tf1":
-        model, cfg, report, vocab = tf1.load_tf1_model(path, kind, config, **load_kwargs)
+        model, cfg, report, vocab = tf1.load_tf1_model(path, network, config, **load_kwargs)
     elif fmt == "hf":
-        model, cfg, report, vocab = hf.load_hf_model(path, kind, config, **load_kwargs)
+        model, cfg, report, vocab = hf.load_hf_model(path, network, config, **load_kwargs)
     elif fmt == "electra_tf":
         if is_run_folder(path) and not (Path(path) / MARKER).exists():
-            return _load_run_folder(Path(path), kind, config)
+            return _load_run_folder(Path(path), network, config, step)
         if not (Path(path) / MARKER).exists():
             raise ConversionError(f"{path}: no {MARKER} and no {RUN_RECORD} with checkpoints; not "
                                   "an electra_tf checkpoint folder or pretraining run")
-        return _load_electra_tf(Path(path), kind, config)
+        return _load_electra_tf(Path(path), network, config)
     elif fmt == "keras_hub":
         from electra_tf.convert.keras_hub import load_keras_hub_preset
 
-        if kind != "discriminator":
+        if network != "discriminator":
             raise ConversionError(f"{path}: a keras-hub preset holds one encoder and no heads; "
-                                  f"load it as kind='discriminator', not {kind!r}")
+                                  f"load it as network='discriminator', not {network!r}")
         return load_keras_hub_preset(path, config)
     else:
         raise ValueError(f"input_format must be 'auto' or one of {FORMATS}, got {fmt!r}")
     return Pretrained(model, cfg, vocab, report, fmt)
 
 
-def from_pretrained(path, kind: str = "discriminator", config=None):
+def from_pretrained(path, network: str = "discriminator", config=None, *, kind: str | None = None):
     """Loads a Discriminator, Generator or ElectraPretrainer from any supported checkpoint.
 
     Args:
       path: a TF1 checkpoint prefix or archive folder, a Hugging Face folder, or a folder written
         by `save_electra_checkpoint`.
-      kind: "discriminator", "generator" or "pretrainer".
+      network: "discriminator", "generator" or "pretrainer" (both networks). `kind=` is its
+        deprecated old name.
       config: optional `ElectraConfig`, config name or path: the pretraining (discriminator)
         config; inferred from the checkpoint when None.
 
     Returns (model, config, vocab_path): `config` is the one the model was built with (for
-    kind="generator", the generator's own); `vocab_path` is the checkpoint's vocab.txt or None.
+    network="generator", the generator's own); `vocab_path` is the checkpoint's vocab.txt or None.
     """
-    loaded = load_pretrained(path, kind, config)
+    loaded = load_pretrained(path, _deprecated_kind(network, kind), config)
     return loaded.model, loaded.config, loaded.vocab_path
 
 
@@ -265,7 +290,7 @@ def save(model, output, output_format: str, *, vocab_file=None,
         return hf.export_hf(model, output, vocab_file=vocab_file)
     if output_format == "electra_tf":
         save_electra_checkpoint(model, config or model.config, output, vocab_file=vocab_file)
-        report = ConversionReport(source=f"{model_kind(model)} ({model.name})",
+        report = ConversionReport(source=f"{network_of(model)} ({model.name})",
                                   target=f"electra_tf:{output}")
         report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
         return report
@@ -296,16 +321,16 @@ def holds_generator(path, input_format: str = "auto") -> bool:
 
 
 def convert(input_path, output_path, *, input_format: str = "auto",
-            output_format: str = "electra_tf", kind: str = "auto", config=None,
+            output_format: str = "electra_tf", network: str = "auto", config=None,
             **load_kwargs) -> tuple[ConversionReport, ConversionReport]:
     """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports.
 
-    kind "auto" converts everything the input holds: the pretrainer (generator and
+    network "auto" converts everything the input holds: the pretrainer (generator and
     discriminator) when it has a generator, else the discriminator.
     """
-    if kind == "auto":
-        kind = "pretrainer" if holds_generator(input_path, input_format) else "discriminator"
-    loaded = load_pretrained(input_path, kind, config, input_format=input_format, **load_kwargs)
+    if network == "auto":
+        network = "pretrainer" if holds_generator(input_path, input_format) else "discriminator"
+    loaded = load_pretrained(input_path, network, config, input_format=input_format, **load_kwargs)
     export_report = save(loaded.model, output_path, output_format, vocab_file=loaded.vocab_path,
                          config=loaded.config)
     return loaded.report, export_report

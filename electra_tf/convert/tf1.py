@@ -9,11 +9,11 @@ the BERT uncased `vocab.txt`. With every weight tied (`untied_generator=False`) 
 `generator/` scope: the generator is the `electra/` network. An Electric checkpoint
 (`electric_objective`) has the two-tower generator instead: `generator_ltr/` and `generator_rtl/`
 (each with its `embeddings_project`, both reading `electra/embeddings` unless untied, then
-`generator_ltr/embeddings`, ...) and the head `cloze_predictions/`; it loads as kind="pretrainer"
-(objective "electric", inferred) or kind="discriminator".
+`generator_ltr/embeddings`, ...) and the head `cloze_predictions/`; it loads as network="pretrainer"
+(objective "electric", inferred) or network="discriminator".
 
 Example:
->>> disc, config, report = load_tf1_model("electra_small", kind="discriminator")[:3]
+>>> disc, config, report = load_tf1_model("electra_small", network="discriminator")[:3]
 >>> print(report.summary())
 >>> export_tf1(disc, "/tmp/electra_small_again")
 """
@@ -27,7 +27,7 @@ import numpy as np
 
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
-    KNOWN_TF1_NAME, ConversionError, ConversionReport, assign, check_vocab_size, model_kind,
+    KNOWN_TF1_NAME, ConversionError, ConversionReport, assign, check_vocab_size, network_of,
     model_slots, open_tf_checkpoint, part_of, plan_load, reading_tf_tensors, vocab_overrides)
 
 WORD_EMBEDDINGS = "electra/embeddings/word_embeddings"
@@ -153,7 +153,7 @@ def infer_config(shapes: dict, vocab_file=None, base: ElectraConfig | None = Non
 
 
 # --- loading -------------------------------------------------------------------------------------
-def _classifier(kind: str, model, ignore_task_specific: bool):
+def _classifier(network: str, model, ignore_task_specific: bool):
     disc = getattr(model, "discriminator", model)
 
     def classify(name):
@@ -165,11 +165,11 @@ def _classifier(kind: str, model, ignore_task_specific: bool):
             return "fine-tuning head (task_specific/)"
         if KNOWN_TF1_NAME.fullmatch(name):
             part = part_of(name)
-            if kind == "discriminator" and part == "generator":
+            if network == "discriminator" and part == "generator":
                 return "generator weight (loading the discriminator)"
-            if kind == "generator" and part == "discriminator":
+            if network == "generator" and part == "discriminator":
                 return "discriminator weight (loading the generator)"
-            if (name.startswith("discriminator_predictions/") and kind != "generator"
+            if (name.startswith("discriminator_predictions/") and network != "generator"
                     and getattr(disc, "rtd_head", None) is None):
                 return "replaced-token-detection head (the model has none)"
         return None
@@ -188,15 +188,15 @@ def load_tf1(model, path, *, allow_unknown: bool = False, allow_missing: bool = 
     """
     prefix, _ = resolve_checkpoint(path)
     shapes = read_shapes(prefix)
-    kind = model_kind(model)
+    network = network_of(model)
     scopes = None
-    if kind == "generator":
+    if network == "generator":
         found = layout(shapes)
         scopes = (found["gen_scope"], found["gen_embeddings_scope"])
     slots = model_slots(model, scopes)
-    report = plan_load(slots, shapes, classify=_classifier(kind, model, ignore_task_specific),
+    report = plan_load(slots, shapes, classify=_classifier(network, model, ignore_task_specific),
                        allow_missing=allow_missing, allow_unknown=allow_unknown,
-                       source=f"tf1:{prefix}", target=f"{kind} ({model.name})")
+                       source=f"tf1:{prefix}", target=f"{network} ({model.name})")
     reader = open_tf_checkpoint(prefix)
     with reading_tf_tensors(prefix):
         arrays = {s.name: reader.get_tensor(s.name) for s in slots if s.name in shapes}
@@ -204,8 +204,8 @@ def load_tf1(model, path, *, allow_unknown: bool = False, allow_missing: bool = 
     return report
 
 
-def build_model(kind: str, config: ElectraConfig, shapes: dict | None = None):
-    """Our model of `kind` for a TF1 checkpoint with `shapes`.
+def build_model(network: str, config: ElectraConfig, shapes: dict | None = None):
+    """Our model of `network` for a TF1 checkpoint with `shapes`.
 
     `config` is the pretraining (discriminator) config. A generator is built with
     `config.generator_config()`, except that untied generator embeddings get the width the
@@ -214,43 +214,43 @@ def build_model(kind: str, config: ElectraConfig, shapes: dict | None = None):
     from electra_tf.models import Discriminator, ElectraPretrainer, Generator
 
     shapes = shapes or {}
-    if config.objective == "electric" and kind != "discriminator":
-        if kind != "pretrainer":
+    if config.objective == "electric" and network != "discriminator":
+        if network != "pretrainer":
             raise ConversionError("Electric's two-tower generator converts only with its "
-                                  "discriminator: use kind='pretrainer' (or 'discriminator')")
+                                  "discriminator: use network='pretrainer' (or 'discriminator')")
         return ElectraPretrainer(config)
-    if kind == "discriminator":
+    if network == "discriminator":
         # A fine-tuned checkpoint has no RTD head: build the bare encoder then.
         return Discriminator(config, rtd_head=not shapes
                              or "discriminator_predictions/dense/kernel" in shapes)
     gen_config = config.generator_config()
     gen_emb = shapes.get(GEN_WORD_EMBEDDINGS, (None, gen_config.embedding_size))[1]
-    if kind == "generator":
+    if network == "generator":
         return Generator(gen_config.replace(embedding_size=gen_emb))
-    if kind == "pretrainer":
+    if network == "pretrainer":
         if gen_emb != config.embedding_size:
             raise ConversionError(
                 f"the checkpoint's untied generator embeddings {GEN_WORD_EMBEDDINGS} are "
                 f"{list(shapes[GEN_WORD_EMBEDDINGS])} (width = generator hidden size, as the "
                 f"original builds them) but ElectraPretrainer gives an untied generator embeddings of "
-                f"width embedding_size={config.embedding_size}; load kind='discriminator' and "
-                f"kind='generator' separately")
+                f"width embedding_size={config.embedding_size}; load network='discriminator' and "
+                f"network='generator' separately")
         return ElectraPretrainer(config)
-    raise ValueError(f"kind must be 'discriminator', 'generator' or 'pretrainer', got {kind!r}")
+    raise ValueError(f"network must be 'discriminator', 'generator' or 'pretrainer', got {network!r}")
 
 
-def load_tf1_model(path, kind: str = "discriminator", config=None, **load_kwargs):
-    """Builds our model of `kind` for a TF1 checkpoint and loads it.
+def load_tf1_model(path, network: str = "discriminator", config=None, **load_kwargs):
+    """Builds our model of `network` for a TF1 checkpoint and loads it.
 
     Args:
       path: checkpoint prefix, `.index` file or archive folder.
-      kind: "discriminator", "generator" or "pretrainer".
+      network: "discriminator", "generator" or "pretrainer".
       config: the pretraining `ElectraConfig` (or a config name / path); inferred from the
         checkpoint's shapes when None.
       **load_kwargs: allow_unknown, allow_missing, ignore_task_specific (see `load_tf1`).
 
     Returns (model, model_config, report, vocab_file): `model_config` is the config the model was
-    built with (the generator's own config for kind="generator").
+    built with (the generator's own config for network="generator").
     """
     prefix, vocab_file = resolve_checkpoint(path)
     shapes = read_shapes(prefix)
@@ -262,7 +262,7 @@ def load_tf1_model(path, kind: str = "discriminator", config=None, **load_kwargs
         if WORD_EMBEDDINGS in shapes:
             check_vocab_size(config, shapes[WORD_EMBEDDINGS][0], f"{prefix}:{WORD_EMBEDDINGS}")
         vocab_overrides(vocab_file, config.vocab_size)  # checks the vocab file's size
-    model = build_model(kind, config, shapes)
+    model = build_model(network, config, shapes)
     report = load_tf1(model, prefix, **load_kwargs)
     return model, model.config, report, vocab_file
 
@@ -271,7 +271,7 @@ def load_tf1_model(path, kind: str = "discriminator", config=None, **load_kwargs
 def tf1_tensors(model) -> tuple[dict[str, np.ndarray], ConversionReport]:
     """Our model's weights under the released TF1 names and shapes."""
     slots = model_slots(model)
-    report = ConversionReport(source=f"{model_kind(model)} ({model.name})", target="tf1")
+    report = ConversionReport(source=f"{network_of(model)} ({model.name})", target="tf1")
     tensors = {}
     for slot in slots:
         tensors[slot.name] = slot.value()

@@ -1,11 +1,14 @@
 """tf.data input pipeline for pretraining shards (ours or the original tool's: same features).
 
-Per input pipeline (one per worker under a `tf.distribute.InputContext`):
+Per input pipeline (one per worker under a `tf.distribute.InputContext`), one reader for the
+training loop, the benchmarks and evaluation:
 
   sorted files -> shard by file (when there are at least as many files as pipelines) ->
-  shuffle the file list -> repeat -> parallel interleave of TFRecord readers -> shard by element
-  (when there are fewer files than pipelines) -> shuffle buffer -> batch (per-replica size,
-  drop_remainder) -> parse -> int32 -> prefetch.
+  epochs: the file list shuffled by (seed, epoch) -> deterministic parallel interleave of TFRecord
+  readers -> shard by element (when there are fewer files than pipelines) -> seeded shuffle
+  buffer -> skip to `start_step` -> batch (per-replica size) -> parse -> int32 -> prefetch.
+  The stream is a function of (files, seed), so a resumed run reads what it would have read
+  (`pretraining_dataset`).
 
 Corrupt or truncated shards: TFRecordDataset's DataLossError does not say which file failed, so
 every file is read through a checker: records are counted in bytes (length + 16 bytes of
@@ -32,9 +35,9 @@ from typing import NamedTuple, Sequence
 import tensorflow as tf
 from absl import logging
 
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.training.progress import format_duration
 
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
 
 
@@ -55,13 +58,18 @@ def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
     return sorted(files)
 
 
+def _example_features(seq_length: int) -> dict:
+    """The `tf.io.parse_example` spec of a pretraining example: three int64 [seq_length]."""
+    return {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in INPUT_KEYS}
+
+
 def _example_problem(serialized: bytes, seq_length: int) -> str | None:
     """Why a record is not a pretraining example at `seq_length` (None if it is one)."""
     try:
         example = tf.train.Example.FromString(serialized)
     except Exception as e:  # protobuf DecodeError
         return f"not a tf.train.Example ({e})"
-    for name in FEATURE_NAMES:
+    for name in INPUT_KEYS:
         feature = example.features.feature.get(name)
         if feature is None:
             return f"no feature {name!r}; not a pretraining shard"
@@ -72,11 +80,19 @@ def _example_problem(serialized: bytes, seq_length: int) -> str | None:
     return None
 
 
-def _check_first_record(path: str, seq_length: int, skip_corrupt: bool) -> None:
+def _check_first_record(path: str, seq_length: int, on_damage: str = "raise") -> None:
+    """Raises CorruptShardError if the shard's first record is no pretraining example at
+    `seq_length`: a shard of another length or kind fails in seconds. A first record that cannot
+    be read raises too (`on_damage="raise"`), is named in a warning ("warn": the reader skips the
+    damage), or is left to `check_shards`' search for the damage ("locate")."""
     try:
         first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-    except tf.errors.DataLossError as e:
-        if skip_corrupt:
+    except tf.errors.OpError as e:
+        if on_damage == "locate":
+            return
+        if not isinstance(e, tf.errors.DataLossError):
+            raise
+        if on_damage == "warn":
             logging.warning("%s: corrupt TFRecord shard (%s); it will be skipped", path, e.message)
             return
         raise CorruptShardError(f"{path}: corrupt or truncated TFRecord shard ({e.message})") \
@@ -186,16 +202,10 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     """
     files = list_shards(file_pattern)
     for path in files:  # a shard of another length or kind fails in seconds, not after the scan
-        try:
-            first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
-        except tf.errors.OpError:
-            continue  # damaged: located below
-        problem = first is not None and _example_problem(first.numpy(), seq_length)
-        if problem:
-            raise CorruptShardError(f"{path}: record 0 at byte 0: {problem}")
+        _check_first_record(path, seq_length, "locate")
     sizes = [tf.io.gfile.stat(f).length for f in files]
     total = sum(sizes)
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    features = _example_features(seq_length)
 
     def summarize(index, records):  # -> (file index, records, bytes, real tokens)
         parsed = tf.io.parse_example(records, features)  # fails on a record that is no example
@@ -242,6 +252,13 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     result = ShardCheck(len(files), int(sum(counts)), total, seconds, tuple(damaged))
     logging.info("checked %d shards: %d records, %.1f MB in %.1fs (%.1f MB/s)", len(files),
                  result.records, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))
+    _report_damage(damaged, skip_corrupt)
+    return result
+
+
+def _report_damage(damaged: list, skip_corrupt: bool) -> None:
+    """Logs every damaged shard: as a warning when the run skips the damage, else as errors,
+    raising CorruptShardError for the first."""
     if skip_corrupt:
         for damage in damaged:
             logging.warning("damaged shard %s; --skip_corrupt_records: the shard is read up to "
@@ -253,7 +270,6 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
         more = f" ({more} more damaged shard{'s' if more > 1 else ''} logged)" if more else ""
         raise CorruptShardError(f"damaged shard {damaged[0]}{more}; --skip_corrupt_records "
                                 "trains without the damaged records")
-    return result
 
 
 def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
@@ -262,7 +278,7 @@ def _locate_damage(path: str, size: int, seq_length: int) -> ShardDamage | None:
     Whole batches first, then record by record from the batch that failed. Raises
     CorruptShardError for an intact record that is not a pretraining example.
     """
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
+    features = _example_features(seq_length)
     record = offset = 0
     batches = iter(tf.data.TFRecordDataset(path).batch(_CHECK_BATCH))
     while True:
@@ -350,19 +366,62 @@ def _masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
+def _pipeline_files(file_pattern, input_context) -> tuple[list[str], bool]:
+    """This pipeline's files, and whether the pipelines split the files (else the examples)."""
+    files = list_shards(file_pattern)
+    num = input_context.num_input_pipelines if input_context else 1
+    index = input_context.input_pipeline_id if input_context else 0
+    by_file = len(files) >= num
+    return (files[index::num] if by_file and num > 1 else files), by_file
+
+
+def _start_of_stream(file_pattern, files, by_file: bool, input_context, batch_size: int,
+                     start_step: int) -> tuple[int, int]:
+    """(epoch, examples into it) where the training stream of `start_step` begins."""
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    position = start_step * (batch_size // num_pipelines)
+    if not position:
+        return 0, 0
+    epoch_size = _records_per_epoch(files, by_file, input_context)
+    if epoch_size == 0:
+        raise ValueError(f"{file_pattern}: no examples for input pipeline "
+                         f"{input_context.input_pipeline_id if input_context else 0}")
+    return divmod(position, epoch_size)
+
+
+def _records_per_epoch(files, by_file: bool, input_context) -> int:
+    """Examples one pipeline reads per epoch: a damaged shard counts up to its first damaged
+    record (the reader moves on to the next file there, as `_checked_records` does)."""
+    records = tf.data.TFRecordDataset(files).ignore_errors(log_warning=False)
+    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
+    if by_file or input_context is None or input_context.num_input_pipelines == 1:
+        return count
+    num, index = input_context.num_input_pipelines, input_context.input_pipeline_id
+    return len(range(index, count, num))
+
+
 def pretraining_dataset(
     file_pattern: str | Sequence[str],
     batch_size: int,
     seq_length: int,
     input_context: tf.distribute.InputContext | None = None,
     is_training: bool = True,
-    seed: int | None = None,
+    seed: int = 0,
+    start_step: int = 0,
     skip_corrupt: bool = False,
     cycle_length: int = 4,
     shuffle_buffer: int = 1000,
     drop_remainder: bool = True,
 ) -> tf.data.Dataset:
     """Pretraining examples as {input_ids, input_mask, segment_ids}: int32 [batch, seq_length].
+
+    Training reads a stream that is a deterministic function of (files, seed), so a run resumed at
+    step s reads what the uninterrupted run read from step s on: epoch e reads the pipeline's files
+    in an order shuffled by (seed, e), interleaved deterministically, through a shuffle buffer
+    seeded by `seed`. `start_step` starts the stream at example start_step * batch_size /
+    pipelines: at epoch floor(position / epoch size), skipping the rest of it, so a resume reads
+    at most one epoch of raw records (the epoch size is counted on resume only). Nothing about
+    the position is stored, so checkpoints stay valid if the input files move.
 
     Args:
       file_pattern: glob, comma-separated globs, or a list of globs.
@@ -371,60 +430,63 @@ def pretraining_dataset(
       seq_length: the shards' max_seq_length.
       input_context: from `strategy.distribute_datasets_from_function`; every example is read by
         exactly one pipeline per epoch (by file when files >= pipelines, else by element).
-      is_training: shuffle files and examples and repeat forever; False reads each example of
-        this pipeline's part once, in a deterministic order.
-      seed: for the shuffles (None: nondeterministic).
+      is_training: the repeated, shuffled stream above; False reads each example of this
+        pipeline's part once, in file order.
+      seed: for the shuffles of the training stream.
+      start_step: the optimizer step the training stream starts at.
       skip_corrupt: warn about and skip the damaged part of corrupt shards instead of failing.
       drop_remainder: keep batch shapes static (needed on TPU and by the training loop).
     """
-    files = list_shards(file_pattern)
+    files, by_file = _pipeline_files(file_pattern, input_context)
     for path in files:
-        _check_first_record(path, seq_length, skip_corrupt)
-
+        _check_first_record(path, seq_length, "warn" if skip_corrupt else "raise")
+    names = tf.constant(files)
+    sizes = tf.constant([tf.io.gfile.stat(f).length for f in files], tf.int64)
     num_pipelines = input_context.num_input_pipelines if input_context else 1
-    pipeline_id = input_context.input_pipeline_id if input_context else 0
+
+    def records(order) -> tf.data.Dataset:  # this pipeline's part of the files, in `order`
+        d = tf.data.Dataset.from_tensor_slices((tf.gather(names, order), tf.gather(sizes, order)))
+        d = d.interleave(lambda path, size: _checked_records(path, size, skip_corrupt),
+                         cycle_length=max(1, min(cycle_length, len(files))), block_length=1,
+                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        if not by_file and num_pipelines > 1:
+            d = d.shard(num_pipelines, input_context.input_pipeline_id)
+        return d
+
+    def epoch(e) -> tf.data.Dataset:
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(len(files)), tf.stack([tf.constant(seed, tf.int64), e]))
+        # tf.data takes only a Python seed here: each epoch's buffer draws the same permutation
+        # pattern, applied to that epoch's own file order.
+        return records(order).shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+
+    if is_training:
+        first_epoch, offset = _start_of_stream(file_pattern, files, by_file, input_context,
+                                               batch_size, start_step)
+        d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch).skip(offset)
+    else:
+        d = records(tf.range(len(files)))
+
+    features = _example_features(seq_length)
+
+    def parse(serialized):  # [batch] serialized -> dict of int32 [batch, seq_length]
+        parsed = tf.io.parse_example(serialized, features)
+        return {n: tf.cast(parsed[n], tf.int32) for n in INPUT_KEYS}
+
     per_replica_batch = (
-        input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size
-    )
-    shard_by_file = len(files) >= num_pipelines
-    if num_pipelines > 1 and shard_by_file:
-        files = files[pipeline_id::num_pipelines]
-    sizes = [tf.io.gfile.stat(f).length for f in files]
-
-    d = tf.data.Dataset.from_tensor_slices((tf.constant(files), tf.constant(sizes, tf.int64)))
-    if is_training:
-        if shard_by_file:  # element sharding needs the same file order in every pipeline
-            d = d.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        d = d.repeat()
-    d = d.interleave(
-        lambda path, size: _checked_records(path, size, skip_corrupt),
-        cycle_length=max(1, min(cycle_length, len(files))),
-        block_length=1,
-        num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=not (is_training and shard_by_file),
-    )
-    if num_pipelines > 1 and not shard_by_file:
-        d = d.shard(num_pipelines, pipeline_id)
-    if is_training:
-        d = d.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-
-    features = {n: tf.io.FixedLenFeature([seq_length], tf.int64) for n in FEATURE_NAMES}
-
-    def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
-        parsed = tf.io.parse_example(records, features)
-        return {n: tf.cast(parsed[n], tf.int32) for n in FEATURE_NAMES}
-
+        input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size)
     d = d.batch(per_replica_batch, drop_remainder=drop_remainder)
-    d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not is_training)
+    d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return d.prefetch(tf.data.AUTOTUNE)
 
 
 def dataset_fn(file_pattern, global_batch_size: int, seq_length: int, **kwargs):
-    """A function of an InputContext, for `strategy.distribute_datasets_from_function`.
+    """A function of an InputContext, for `strategy.distribute_datasets_from_function`;
+    `kwargs` are `pretraining_dataset`'s.
 
     Example:
       dist = strategy.distribute_datasets_from_function(
-          dataset_fn("data/pretrain_data.tfrecord-*", 128, 128, seed=0))
+          dataset_fn("data/pretrain_data.tfrecord-*", 128, 128, seed=0, start_step=step))
     """
 
     def fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -432,9 +494,3 @@ def dataset_fn(file_pattern, global_batch_size: int, seq_length: int, **kwargs):
                                    input_context=input_context, **kwargs)
 
     return fn
-
-
-# Public names for the building blocks, for loops that assemble their own tf.data pipelines
-# (electra_tf/training/pretraining.py). The underscored names stay as aliases.
-check_first_record = _check_first_record
-checked_records = _checked_records

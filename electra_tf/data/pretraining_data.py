@@ -3,7 +3,7 @@
 Two parts:
 
 * `ExampleBuilder` packs a stream of tokenized lines exactly like the original
-  `build_pretraining_dataset.py` (reference "Pretraining data"): see its docstring.
+  `build_pretraining_dataset.py` (google-research/electra, its `ExampleBuilder`): see its docstring.
 * `build_pretraining_data` turns text files into shards, in parallel, deterministically and
   resumably:
 
@@ -62,7 +62,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
-FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+from electra_tf.data.inputs import INPUT_KEYS, pack_segments
+
 SHARD_PREFIX = "pretrain_data.tfrecord"
 MANIFEST = "manifest.json"
 BUILD_CONFIG = ".build_config.json"
@@ -176,14 +177,9 @@ class ExampleBuilder:
         return self.make_features(first, second)
 
     def make_features(self, first: Sequence[int], second: Sequence[int]):
-        input_ids = [self.cls_id, *first, self.sep_id]
-        segment_ids = [0] * len(input_ids)
-        if second:
-            input_ids += [*second, self.sep_id]
-            segment_ids += [1] * (len(second) + 1)
-        n = len(input_ids)
-        pad = [0] * (self.max_length - n)
-        return input_ids + pad, [1] * n + pad, segment_ids + pad
+        # No B segment when it is empty; padding is a literal 0 whatever the [PAD] id.
+        return pack_segments(first, second or None, self.max_length, self.cls_id, self.sep_id,
+                             pad_id=0)
 
 
 class ExampleSerializer:
@@ -198,7 +194,7 @@ class ExampleSerializer:
         import tensorflow as tf
 
         self._example = tf.train.Example()
-        self._lists = [self._example.features.feature[n].int64_list for n in FEATURE_NAMES]
+        self._lists = [self._example.features.feature[n].int64_list for n in INPUT_KEYS]
 
     def __call__(self, input_ids, input_mask, segment_ids) -> bytes:
         for int64_list, values in zip(self._lists, (input_ids, input_mask, segment_ids)):
@@ -211,7 +207,7 @@ def parse_example(record: bytes) -> dict:
     import tensorflow as tf
 
     example = tf.train.Example.FromString(record)
-    return {n: list(example.features.feature[n].int64_list.value) for n in FEATURE_NAMES}
+    return {n: list(example.features.feature[n].int64_list.value) for n in INPUT_KEYS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,6 +450,78 @@ def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig)
         yield line_no, text
 
 
+class _ShardPacker:
+    """Tokenizes a shard's lines, a batch at a time, and writes the examples `builder` packs."""
+
+    def __init__(self, builder: ExampleBuilder, tokenizer, writer, stats: dict):
+        self.builder, self.tokenizer, self.writer, self.stats = builder, tokenizer, writer, stats
+        self.serialize = ExampleSerializer()
+        self.empty_documents: list[str] = []  # "file:line" of documents that gave no WordPieces
+
+    def pack(self, events, texts) -> int:
+        """events: ("line", index into texts) or ("end", "file:line" where the document began).
+
+        All texts go through the tokenizer in one op call; returns the WordPieces produced."""
+        import tensorflow as tf
+
+        if not texts:
+            flat, splits = [], [0]
+        else:
+            ids = self.tokenizer.tokenize(tf.constant(texts, dtype=tf.string))
+            flat, splits = ids.flat_values.numpy(), ids.row_splits.numpy()
+        doc_tokens = 0
+        for event, value in events:
+            if event == "line":
+                sentence = flat[splits[value] : splits[value + 1]].tolist()
+                doc_tokens += len(sentence)
+                example = self.builder.add_sentence(sentence)
+            else:
+                if doc_tokens == 0:
+                    self.empty_documents.append(value)
+                doc_tokens = 0
+                example = self.builder.end_document()
+            if example is not None:
+                self.writer.write(self.serialize(*example))
+                self.stats["examples"] += 1
+                self.stats["tokens"] += sum(example[1])
+        self.stats["wordpieces"] += int(splits[-1])
+        return int(splits[-1])
+
+    def report_empty_documents(self) -> None:
+        empty = self.empty_documents
+        self.stats["empty_documents"] = len(empty)
+        if empty:
+            logging.warning(
+                "%d document(s) produced no WordPieces (e.g. only control characters) and "
+                "were skipped: %s%s", len(empty), ", ".join(empty[:5]),
+                " ..." if len(empty) > 5 else "",
+            )
+
+
+def _unit_events(index: UnitIndex, u: int, cache: dict, config: BuildConfig, events: list,
+                 texts: list) -> int:
+    """Appends unit u's non-blank lines to `texts` and its events to `events` (in
+    `_ShardPacker.pack`'s form: one per line, one per document end); returns the lines added."""
+    path = index.files[index.file_index[u]]
+    doc_start, lines = None, 0
+    for line_no, text in _read_unit_lines(index, u, cache, config):
+        text = text.strip()
+        if text:
+            if doc_start is None:
+                doc_start = f"{path}:{line_no}"
+            events.append(("line", len(texts)))
+            texts.append(text)
+            lines += 1
+        elif doc_start is not None:
+            # Blank only to str.strip() (e.g. U+00A0): a document break, as in the
+            # original, which strips lines with str.strip().
+            events.append(("end", doc_start))
+            doc_start = None
+    if doc_start is not None:
+        events.append(("end", doc_start))
+    return lines
+
+
 def build_shard(shard: int) -> dict:
     """Builds shard `shard` (worker-side); returns its stats. Assumes `_init_worker` ran."""
     import tensorflow as tf
@@ -475,79 +543,23 @@ def build_shard(shard: int) -> dict:
     stats = dict(shard=shard, file=os.path.basename(final), examples=0, tokens=0,
                  documents=0, lines=0, input_bytes=0, empty_documents=0,
                  wordpieces=0)
-    units = range(shard, len(index), num_shards)
     cache: dict = {}
-    serialize = ExampleSerializer()
     start_time = time.time()
-
-    empty_docs: list[str] = []  # "file:line" of documents that gave no WordPieces
-
-    def tokenize_and_pack(events, texts, writer) -> int:
-        """events: ("line", index into texts) or ("end", "file:line" where the document began).
-
-        All texts go through the tokenizer in one op call; returns the WordPieces produced."""
-        if not texts:
-            flat, splits = [], [0]
-        else:
-            ids = tokenizer.tokenize(tf.constant(texts, dtype=tf.string))
-            flat, splits = ids.flat_values.numpy(), ids.row_splits.numpy()
-        doc_tokens = 0
-        for kind, value in events:
-            if kind == "line":
-                sentence = flat[splits[value] : splits[value + 1]].tolist()
-                doc_tokens += len(sentence)
-                example = builder.add_sentence(sentence)
-            else:
-                if doc_tokens == 0:
-                    empty_docs.append(value)
-                doc_tokens = 0
-                example = builder.end_document()
-            if example is not None:
-                writer.write(serialize(*example))
-                stats["examples"] += 1
-                stats["tokens"] += sum(example[1])
-        return int(splits[-1])
-
     try:
         with tf.io.TFRecordWriter(tmp) as writer:
+            packer = _ShardPacker(builder, tokenizer, writer, stats)
             events, texts, pending_bytes = [], [], 0
-            for u in units:
+            for u in range(shard, len(index), num_shards):
                 stats["documents"] += 1
-                path = index.files[index.file_index[u]]
-                doc_start = None
-                for line_no, text in _read_unit_lines(index, u, cache, config):
-                    text = text.strip()
-                    if text:
-                        if doc_start is None:
-                            doc_start = f"{path}:{line_no}"
-                        events.append(("line", len(texts)))
-                        texts.append(text)
-                        stats["lines"] += 1
-                    elif doc_start is not None:
-                        # Blank only to str.strip() (e.g. U+00A0): a document break, as in the
-                        # original, which strips lines with str.strip().
-                        events.append(("end", doc_start))
-                        doc_start = None
-                if doc_start is not None:
-                    events.append(("end", doc_start))
+                stats["lines"] += _unit_events(index, u, cache, config, events, texts)
                 nbytes = int(index.end[u] - index.start[u])
                 stats["input_bytes"] += nbytes
                 pending_bytes += nbytes
                 if len(texts) >= TOKENIZE_BATCH_LINES:
-                    n_tok = tokenize_and_pack(events, texts, writer)
-                    stats["wordpieces"] += n_tok
-                    _report(queue, pending_bytes, n_tok)
+                    _report(queue, pending_bytes, packer.pack(events, texts))
                     events, texts, pending_bytes = [], [], 0
-            n_tok = tokenize_and_pack(events, texts, writer)
-            stats["wordpieces"] += n_tok
-            _report(queue, pending_bytes, n_tok)
-        stats["empty_documents"] = len(empty_docs)
-        if empty_docs:
-            logging.warning(
-                "%d document(s) produced no WordPieces (e.g. only control characters) and "
-                "were skipped: %s%s", len(empty_docs), ", ".join(empty_docs[:5]),
-                " ..." if len(empty_docs) > 5 else "",
-            )
+            _report(queue, pending_bytes, packer.pack(events, texts))
+        packer.report_empty_documents()
         stats["seconds"] = round(time.time() - start_time, 3)
         _write_json_atomic(
             os.path.join(config.output_dir, STATS_DIR, f"{shard:05d}.json"), stats
@@ -571,14 +583,29 @@ def _report(queue, nbytes, ntokens):
 
 
 class _Progress:
-    """Logs bytes done, MB/s, tokens/s and ETA at most every `every` seconds."""
+    """Counts finished shards and logs bytes done, MB/s, tokens/s and ETA at most every `every`
+    seconds; `on_shard_done(stats)` hears of each shard as it finishes."""
 
-    def __init__(self, total_bytes: int, every: float = 5.0):
+    def __init__(self, total_bytes: int, shards_done: int, num_shards: int, every: float = 5.0,
+                 on_shard_done: Callable | None = None):
         self.total, self.every = max(total_bytes, 1), every
+        self.shards_done, self.num_shards = shards_done, num_shards
+        self.on_shard_done = on_shard_done
         self.bytes = self.tokens = 0
         self.start = self.last = time.time()
 
-    def add(self, nbytes: int, ntokens: int, shards_done: int, num_shards: int, force=False):
+    def shard_finished(self, stats: dict) -> None:
+        self.shards_done += 1
+        if self.on_shard_done is not None:
+            self.on_shard_done(stats)
+
+    def drain(self, queue) -> None:
+        """Adds what the workers reported (`_report`: bytes, WordPieces) since the last call."""
+        while not queue.empty():
+            self.add(*queue.get())
+
+    def add(self, nbytes: int, ntokens: int, force=False):
+        shards_done, num_shards = self.shards_done, self.num_shards
         self.bytes += nbytes
         self.tokens += ntokens
         now = time.time()
@@ -672,24 +699,112 @@ def build_pretraining_data(
                                "ones: rerun the same command to resume", e.signum) from None
 
 
+def _input_files(config: BuildConfig) -> tuple[list[str], bool]:
+    """The text files to build from, and whether they are the embedded corpus (no inputs given)."""
+    if config.inputs:
+        return expand_inputs(config.inputs), False
+    from electra_tf.data import corpus
+
+    path = os.path.join(config.output_dir, ".imdb_corpus.txt")
+    if not os.path.exists(path):
+        logging.info("No --input: writing the embedded IMDB corpus to %s", path)
+        corpus.write_imdb_corpus(path)
+    return [path], True
+
+
+def _check_same_build(output_dir: str, build_key: dict) -> None:
+    """Records what the shards of `output_dir` are built from, or checks it is what they were."""
+    key_path = os.path.join(output_dir, BUILD_CONFIG)
+    if not os.path.exists(key_path):
+        _write_json_atomic(key_path, build_key)
+        return
+    with open(key_path, encoding="utf-8") as f:
+        previous = json.load(f)
+    if previous != build_key:
+        changed = sorted(k for k in build_key if previous.get(k) != build_key[k])
+        raise BadInputError(
+            f"{output_dir} holds shards of a different build (changed: "
+            f"{', '.join(changed)}); use an empty output_dir"
+        )
+
+
+def _build_in_process(config: BuildConfig, index: UnitIndex, num_shards: int, todo: list,
+                      progress: _Progress) -> None:
+    import queue as queue_lib
+
+    q = queue_lib.SimpleQueue()
+    _init_worker(config, index, num_shards, q)
+    for s in todo:
+        progress.shard_finished(build_shard(s))
+        progress.drain(q)
+
+
+def _build_in_pool(config: BuildConfig, index: UnitIndex, num_shards: int, todo: list,
+                   num_processes: int, progress: _Progress) -> None:
+    # Spawned workers (TF is not fork-safe). ProcessPoolExecutor, unlike Pool, fails with
+    # BrokenProcessPool instead of hanging when a worker dies (OOM killer, signal).
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    others = set(multiprocessing.active_children())  # the caller's own, never stopped here
+    executor = concurrent.futures.ProcessPoolExecutor(
+        num_processes, mp_context=ctx, initializer=_init_pool_worker,
+        initargs=(os.getpid(), config, index, num_shards, q))
+    try:
+        pending = {executor.submit(build_shard, s) for s in todo}
+        while pending:
+            ready, pending = concurrent.futures.wait(
+                pending, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED)
+            progress.drain(q)
+            for future in ready:
+                progress.shard_finished(future.result())  # re-raises a worker's error here
+    except BaseException as e:
+        # Renamed shards stay; the workers go, and with them every temp file.
+        _stop_workers([p for p in multiprocessing.active_children() if p not in others])
+        executor.shutdown(wait=False, cancel_futures=True)
+        _remove_temp_files(config.output_dir)
+        if isinstance(e, concurrent.futures.BrokenExecutor):
+            raise BuildInterrupted(
+                "a worker process died (out of memory, or killed by a signal)") from None
+        raise
+    executor.shutdown(wait=True)
+    progress.drain(q)
+
+
+def _write_manifest(config: BuildConfig, build_key: dict, vocab: list[str],
+                    num_shards: int) -> dict:
+    """manifest.json: the build key, the vocabulary's facts and every shard's stats, summed."""
+    from electra_tf.data.tokenizer import special_token_ids
+
+    shards = []
+    for s in range(num_shards):
+        with open(os.path.join(config.output_dir, STATS_DIR, f"{s:05d}.json"),
+                  encoding="utf-8") as f:
+            stats = json.load(f)
+        stats.pop("seconds", None)
+        shards.append(stats)
+    manifest = dict(
+        build_key,
+        vocab_file=os.path.abspath(config.vocab_file),
+        # For ElectraConfig: ids come from the file, not BERT's defaults.
+        vocab_size=len(vocab),
+        special_ids=special_token_ids(vocab),
+        shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
+        num_examples=sum(s["examples"] for s in shards),
+        num_tokens=sum(s["tokens"] for s in shards),
+        num_wordpieces=sum(s["wordpieces"] for s in shards),
+        shards=shards,
+    )
+    _write_json_atomic(os.path.join(config.output_dir, MANIFEST), manifest)
+    return manifest
+
+
 def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable | None) -> dict:
     from electra_tf.data.tokenizer import file_sha256, load_vocab
 
     config.validate()
     vocab = load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
     os.makedirs(os.path.join(config.output_dir, STATS_DIR), exist_ok=True)
-
-    embedded = not config.inputs
-    if embedded:
-        from electra_tf.data import corpus
-
-        path = os.path.join(config.output_dir, ".imdb_corpus.txt")
-        if not os.path.exists(path):
-            logging.info("No --input: writing the embedded IMDB corpus to %s", path)
-            corpus.write_imdb_corpus(path)
-        files = [path]
-    else:
-        files = expand_inputs(config.inputs)
+    files, embedded = _input_files(config)
     t0 = time.time()
     index = index_units(files)
     logging.info("Indexed %d files, %.1f MB, %d documents in %.1fs",
@@ -710,18 +825,7 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
         max_unit_lines=MAX_UNIT_LINES,
         format_version=1,
     )
-    key_path = os.path.join(config.output_dir, BUILD_CONFIG)
-    if os.path.exists(key_path):
-        with open(key_path, encoding="utf-8") as f:
-            previous = json.load(f)
-        if previous != build_key:
-            changed = sorted(k for k in build_key if previous.get(k) != build_key[k])
-            raise BadInputError(
-                f"{config.output_dir} holds shards of a different build (changed: "
-                f"{', '.join(changed)}); use an empty output_dir"
-            )
-    else:
-        _write_json_atomic(key_path, build_key)
+    _check_same_build(config.output_dir, build_key)
 
     _remove_temp_files(config.output_dir)  # leftovers of a killed run
     todo = [s for s in range(num_shards)
@@ -729,82 +833,18 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
     if len(todo) < num_shards:
         logging.info("Resuming: %d of %d shards already finished", num_shards - len(todo),
                      num_shards)
-
     num_processes = min(config.num_processes or os.cpu_count() or 1, max(len(todo), 1))
     todo_bytes = sum(int(np.sum(index.end[s::num_shards] - index.start[s::num_shards]))
                      for s in todo)
-    progress = _Progress(todo_bytes, every=progress_every)
-    done = num_shards - len(todo)
-
-    def finished(stats):
-        nonlocal done
-        done += 1
-        if on_shard_done is not None:
-            on_shard_done(stats)
-
+    progress = _Progress(todo_bytes, num_shards - len(todo), num_shards, every=progress_every,
+                         on_shard_done=on_shard_done)
     if todo and num_processes == 1:
-        import queue as queue_lib
-
-        q = queue_lib.SimpleQueue()
-        _init_worker(config, index, num_shards, q)
-        for s in todo:
-            stats = build_shard(s)
-            finished(stats)
-            while not q.empty():
-                progress.add(*q.get(), done, num_shards)
+        _build_in_process(config, index, num_shards, todo, progress)
     elif todo:
-        # Spawned workers (TF is not fork-safe). ProcessPoolExecutor, unlike Pool, fails with
-        # BrokenProcessPool instead of hanging when a worker dies (OOM killer, signal).
-        ctx = multiprocessing.get_context("spawn")
-        q = ctx.Queue()
-        others = set(multiprocessing.active_children())  # the caller's own, never stopped here
-        executor = concurrent.futures.ProcessPoolExecutor(
-            num_processes, mp_context=ctx, initializer=_init_pool_worker,
-            initargs=(os.getpid(), config, index, num_shards, q))
-        try:
-            pending = {executor.submit(build_shard, s) for s in todo}
-            while pending:
-                ready, pending = concurrent.futures.wait(
-                    pending, timeout=0.1, return_when=concurrent.futures.FIRST_COMPLETED)
-                while not q.empty():
-                    progress.add(*q.get(), done, num_shards)
-                for future in ready:
-                    finished(future.result())  # re-raises a worker's error here
-        except BaseException as e:
-            # Renamed shards stay; the workers go, and with them every temp file.
-            _stop_workers([p for p in multiprocessing.active_children() if p not in others])
-            executor.shutdown(wait=False, cancel_futures=True)
-            _remove_temp_files(config.output_dir)
-            if isinstance(e, concurrent.futures.BrokenExecutor):
-                raise BuildInterrupted(
-                    "a worker process died (out of memory, or killed by a signal)") from None
-            raise
-        executor.shutdown(wait=True)
-        while not q.empty():
-            progress.add(*q.get(), done, num_shards)
-    progress.add(0, 0, done, num_shards, force=True)
+        _build_in_pool(config, index, num_shards, todo, num_processes, progress)
+    progress.add(0, 0, force=True)
 
-    shards = []
-    for s in range(num_shards):
-        with open(os.path.join(config.output_dir, STATS_DIR, f"{s:05d}.json"),
-                  encoding="utf-8") as f:
-            stats = json.load(f)
-        stats.pop("seconds", None)
-        shards.append(stats)
-    manifest = dict(
-        build_key,
-        vocab_file=os.path.abspath(config.vocab_file),
-        # For ElectraConfig: ids come from the file, not BERT's defaults.
-        vocab_size=len(vocab),
-        special_ids={t.strip("[]").lower() + "_token_id": vocab.index(t)
-                     for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")},
-        shard_pattern=os.path.join(os.path.abspath(config.output_dir), SHARD_PREFIX + "-*"),
-        num_examples=sum(s["examples"] for s in shards),
-        num_tokens=sum(s["tokens"] for s in shards),
-        num_wordpieces=sum(s["wordpieces"] for s in shards),
-        shards=shards,
-    )
-    _write_json_atomic(os.path.join(config.output_dir, MANIFEST), manifest)
+    manifest = _write_manifest(config, build_key, vocab, num_shards)
     logging.info("Wrote %d examples (%d tokens) in %d shards to %s",
                  manifest["num_examples"], manifest["num_tokens"], num_shards,
                  config.output_dir)

@@ -21,6 +21,7 @@ BERT's 0/100/101/102/103.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import unicodedata
@@ -32,6 +33,11 @@ import tensorflow_text as tf_text
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # BERT's basic tokenizer leaves words longer than this as one [UNK].
 MAX_BYTES_PER_WORD = 100
+# BERT's WordPiece, for every TF Text WordPiece op here (this tokenizer's and the exported one's):
+# "##" continuations, [UNK] for a word it cannot cover, split on whitespace and punctuation first.
+WORDPIECE_OPTIONS = dict(suffix_indicator="##", max_bytes_per_word=MAX_BYTES_PER_WORD,
+                         token_out_type=tf.int64, unknown_token="[UNK]", no_pretokenization=False,
+                         support_detokenization=False)
 # Characters the original `_clean_text` deletes: U+FFFD and every category C* character
 # (control, format, private use, unassigned) except tab, newline and carriage return.
 _DELETED_CHARS = r"[^\P{C}\t\n\r]|\x{FFFD}"
@@ -119,13 +125,7 @@ class WordpieceTokenizer(tf.Module):
         self.special_ids = frozenset(self._token_to_id[t] for t in SPECIAL_TOKENS)
         # The fused normaliser + pretokeniser + WordPiece op; a tf.Module, tracked as a child.
         self.tf_tokenizer = tf_text.FastBertTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=MAX_BYTES_PER_WORD,
-            token_out_type=tf.int64,
-            unknown_token="[UNK]",
-            no_pretokenization=False,
-            support_detokenization=False,
+            vocab=self.vocab, **WORDPIECE_OPTIONS,
             lower_case_nfd_strip_accents=False,  # see the module docstring: we normalise
         )
 
@@ -238,6 +238,21 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def special_token_ids(vocab: Sequence[str]) -> dict[str, int]:
+    """Where a vocabulary puts the special tokens, by config field name: {"pad_token_id": ...,
+    "unk_token_id", "cls_token_id", "sep_token_id", "mask_token_id"} (`ElectraConfig` has all
+    but the [UNK] one; the shard manifest records all five).
+
+    Raises:
+      VocabError: a special token is missing (`load_vocab` has already checked it for a file).
+    """
+    index = {token: i for i, token in enumerate(vocab)}
+    missing = [t for t in SPECIAL_TOKENS if t not in index]
+    if missing:
+        raise VocabError(f"vocabulary is missing special token(s) {', '.join(missing)}")
+    return {token.strip("[]").lower() + "_token_id": index[token] for token in SPECIAL_TOKENS}
+
+
 def special_token_layout(num_unused: int = 0) -> list[str]:
     """The reserved head of every vocab this project learns.
 
@@ -247,6 +262,29 @@ def special_token_layout(num_unused: int = 0) -> list[str]:
     here depends on either layout because ids are always read from the file.)
     """
     return list(SPECIAL_TOKENS) + [f"[unused{i}]" for i in range(num_unused)]
+
+
+def frequency_vocab(texts: Iterable[str], num_words: int = 8000, max_size: int | None = None) -> list[str]:
+    """A quick vocabulary for benchmarks and tests, counted in one pass (no WordPiece learning):
+    `special_token_layout()`, every character and its "##" form, then the `num_words` most
+    frequent words of two or more characters, cut to `max_size` tokens.
+
+    Words are found as the uncased tokenizer finds them (lower-cased, accents dropped, split on
+    whitespace and around punctuation), so the texts tokenize without [UNK] unless `max_size`
+    cuts characters. Use `learn_vocab` for a vocabulary to pretrain with.
+    """
+    words, chars = collections.Counter(), set()
+    for text in texts:
+        text = "".join(c for c in unicodedata.normalize("NFD", text.lower())
+                       if unicodedata.category(c) != "Mn")
+        for word in text.split():
+            pieces = "".join(c if c.isalnum() else f" {c} " for c in word).split()
+            words.update(pieces)
+            chars.update(c for piece in pieces for c in piece)
+    chars = sorted(c for c in chars if c.isprintable())
+    frequent = [w for w, _ in words.most_common() if len(w) > 1 and w.isprintable()][:num_words]
+    vocab = list(dict.fromkeys(special_token_layout() + chars + ["##" + c for c in chars] + frequent))
+    return vocab[:max_size]
 
 
 def learn_vocab(

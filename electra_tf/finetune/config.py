@@ -2,7 +2,7 @@
 original's default, and `FinetunedModelConfig`, the description of a fine-tuned model
 (`best/head_config.json`).
 
-Defaults are the authors' `configure_finetuning.py` (reference "Fine-tuning"): learning rate
+Defaults are the authors' `configure_finetuning.py` (google-research/electra): learning rate
 1e-4 (Small, Base) / 5e-5 (Large), layer-wise decay 0.8 / 0.8 / 0.9, weight decay 0.01, warmup
 10% of the steps, batch 32, max length 128, 3 epochs; RTE and STS-B 10 epochs; SQuAD 2 epochs at
 length 512; chunking at length 256. (The paper's Table 7 lists 3e-4 for Small; the released code,
@@ -19,33 +19,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_tf.config import ConfigError, JsonConfig
+from electra_tf.config import ConfigError, JsonConfig, check_field_types
 
 MODEL_SIZES = ("small", "base", "large")
-
-_JSON_TYPES = {  # annotation -> (check, what the message says it must be)
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "dict": (lambda v: isinstance(v, dict), "a JSON object"),
-}
-
-
-def check_field_types(config) -> None:
-    """Raises ConfigError naming the first field whose value is not of its annotated JSON type
-    (int, float, bool, str, dict; `X | None` also takes None). Other annotations are the
-    config's own to check."""
-    for f in dataclasses.fields(config):
-        base, optional, _ = str(f.type).partition(" | None")
-        if base not in _JSON_TYPES:
-            continue
-        check, expected = _JSON_TYPES[base]
-        value = getattr(config, f.name)
-        if not (optional and value is None) and not check(value):
-            raise ConfigError(f"{type(config).__name__}.{f.name}: must be {expected}"
-                              f"{' or null' if optional else ''} (got {value!r})")
-
 
 @dataclasses.dataclass(frozen=True)
 class FinetuningConfig(JsonConfig):

@@ -1,8 +1,8 @@
 """Examples -> fixed-length int32 model inputs, and span-QA predictions -> answer text.
 
 Every input is `[CLS] A [SEP] (B [SEP])` with `segment_ids` 0 for the first part and 1 for the
-second, `input_mask` 1 on real tokens, zero padding (ids, mask and segments) to `max_seq_length`:
-the three arrays `INPUT_KEYS`, what every head reads.
+second, `input_mask` 1 on real tokens, padding ([PAD] in the ids, 0 in mask and segments) to
+`max_seq_length`: the three arrays `INPUT_KEYS`, what every head reads (`data/inputs.py`).
 
 - Sentence tasks (`featurize_sentences`): pairs truncated longest-first as BERT/ELECTRA do;
   `label` int32 (class id) or float32 (regression).
@@ -27,9 +27,8 @@ from typing import Sequence
 
 import numpy as np
 
+from electra_tf.data.inputs import INPUT_KEYS, pack_segments
 from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample
-
-INPUT_KEYS = ("input_ids", "input_mask", "segment_ids")  # the model inputs, int32 [N, max_seq_length]
 
 
 # ---------------------------------------------------------------------------------------
@@ -56,19 +55,9 @@ def _encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def _layout(tokenizer, first: list[int], second: list[int] | None, max_seq_length: int):
-    ids = [tokenizer.cls_id, *first, tokenizer.sep_id]
-    segments = [0] * len(ids)
-    if second is not None:
-        ids += [*second, tokenizer.sep_id]
-        segments += [1] * (len(second) + 1)
-    if len(ids) > max_seq_length:
-        raise ValueError(f"{len(ids)} tokens do not fit max_seq_length={max_seq_length}")
-    pad = max_seq_length - len(ids)
-    return {
-        "input_ids": np.array(ids + [tokenizer.pad_id] * pad, np.int32),
-        "input_mask": np.array([1] * len(ids) + [0] * pad, np.int32),
-        "segment_ids": np.array(segments + [0] * pad, np.int32),
-    }
+    packed = pack_segments(first, second, max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
+                           tokenizer.pad_id)
+    return {key: np.array(values, np.int32) for key, values in zip(INPUT_KEYS, packed)}
 
 
 def _stack(features: list[dict]) -> dict[str, np.ndarray]:

@@ -3,9 +3,10 @@
 Every head takes the feature dict of `electra_tf.finetune.features` (`input_ids`, `input_mask`,
 `segment_ids`, plus the task's labels when training) and returns a dict of float32 logits.
 `per_example_loss(features, outputs)` gives the original's per-example loss [batch], float32
-(reference "Fine-tuning"); our loop (`finetune.trainer`) minimises its sum over the global batch
-divided by the global batch size, and Keras' `compute_loss` hook returns that same number, so a
-head also trains with `model.fit` (see `FinetuningHead`):
+(the authors' `finetune/{classification,qa,tagging}/*_tasks.py`); our loop (`finetune.trainer`)
+minimises its sum over the global batch divided by the global batch size, and Keras'
+`compute_loss` hook returns that same number, so a head also trains with `model.fit` (see
+`FinetuningHead`):
 
 - `SentenceClassifier`: dropout 0.1 on the final [CLS] state -> dense(num_labels), softmax CE.
 - `SentenceRegressor`: dropout 0.1 on [CLS] -> dense(1), squared error (STS-B).
@@ -39,7 +40,7 @@ import keras
 import tensorflow as tf
 from keras import ops
 
-from electra_tf.finetune.features import INPUT_KEYS
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.models.discriminator import Discriminator
 from electra_tf.models.encoder import (
     activation, as_electra_config, electra_kernel_initializer, register)

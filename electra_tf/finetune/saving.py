@@ -1,5 +1,5 @@
 """The fine-tuned model on disk: `best/`, what `trainer.finetune` writes, `load_finetuned` and the
-exporter (`serving/export.py`) read.
+exporter (`export.py`) read.
 
 Layout:
 

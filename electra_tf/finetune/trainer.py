@@ -65,9 +65,9 @@ from typing import Callable, Sequence
 import numpy as np
 
 from electra_tf.config import ElectraConfig
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig, model_size_of
 from electra_tf.finetune.families import FAMILIES, Features, TaskFamily, get_family
-from electra_tf.finetune.features import INPUT_KEYS
 from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 from electra_tf.finetune.task_data import Task, data_files, get_task, infer_label_names, load_examples
 from electra_tf.training import summaries

@@ -1,8 +1,9 @@
 """The BERT-style building blocks shared by ELECTRA's generator and discriminator.
 
-Faithful to the released checkpoints (reference: "Model sizes"): post-LayerNorm transformer,
-LayerNorm epsilon 1e-12, exact erf GELU (not the tanh approximation some ports use), dropout 0.1,
-truncated-normal initialisation with stddev 0.02, no pooler.
+Faithful to the released checkpoints (the authors' `model/modeling.py`; sizes in the paper's
+Table 6): post-LayerNorm transformer, LayerNorm epsilon 1e-12, exact erf GELU (not the tanh
+approximation some ports use), dropout 0.1, truncated-normal initialisation with stddev 0.02, no
+pooler.
 
 Layer and weight names mirror the original TF1 variable names (`embeddings/LayerNorm`,
 `layer_3/intermediate`, ...) so that checkpoint conversion and layer-wise learning-rate decay can

@@ -14,7 +14,8 @@ from electra_tf.models.encoder import (
 class MaskedLMHead(keras.layers.Layer):
     """dense(E, GELU) -> LayerNorm -> logits = h . word_embeddings^T + output_bias.
 
-    The output layer is tied to the word-embedding table (reference: "Generator head"), so the
+    The output layer is tied to the word-embedding table (the authors' `run_pretraining.py`,
+    `_get_masked_lm_output`), so the
     head's own weights are the dense layer, its LayerNorm and a [vocab] bias.
 
     Args:

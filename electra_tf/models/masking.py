@@ -1,4 +1,5 @@
-"""In-graph dynamic masking and generator sampling (reference: "Pretraining objective").
+"""In-graph dynamic masking and generator sampling (paper Section 2; the authors'
+`pretrain/pretrain_helpers.py`: `mask`, `sample_from_softmax`).
 
 Everything here is static-shape TensorFlow with stateless randomness, so it runs inside
 `tf.function(jit_compile=True)` and on TPU with no host round trip.

@@ -75,6 +75,40 @@ def mlm_loss_terms(logits, labels, weights, global_total):
     return weighted_mean(losses, weights, global_total), correct
 
 
+def _replaced_token_terms(logits, labels, weights, token_total) -> dict:
+    """ELECTRA's discriminator loss (paper Section 2): sigmoid cross-entropy of "replaced" over the
+    weighted tokens (every real token; the masked ones for electra_15), and its accuracy."""
+    labels = tf.cast(labels, tf.float32)
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits)
+    correct = tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), labels), tf.float32)
+    return dict(disc_loss=weighted_mean(losses, weights, token_total),
+                disc_accuracy=weighted_mean(correct, weights, token_total),
+                rtd_logits=logits, disc_weights=weights)
+
+
+def _masked_lm_terms(mlm_logits, batch, slot_total) -> dict:
+    """The discriminator as an MLM at the masked slots (mlm, replace_mlm)."""
+    logits = gather_positions(mlm_logits, batch.positions)
+    loss, correct = mlm_loss_terms(logits, batch.masked_ids, batch.weights, slot_total)
+    return dict(main_mlm_loss=loss,
+                main_mlm_accuracy=weighted_mean(correct, batch.weights, slot_total))
+
+
+def _all_tokens_terms(disc, input_ids, disc_input_ids, input_mask, token_total) -> dict:
+    """All-Tokens MLM: predict every input token's identity, with the copy gate D(x, t)."""
+    log_probs = tf.nn.log_softmax(disc["mlm_logits"])  # [batch, seq, V]
+    original_log_prob = tf.gather(log_probs, input_ids, batch_dims=2)  # [batch, seq]
+    copy_prob = tf.sigmoid(disc["rtd_logits"])  # D(x, t)
+    is_copy = tf.cast(tf.equal(disc_input_ids, input_ids), tf.float32)
+    prob = copy_prob * is_copy + (1.0 - copy_prob) * tf.exp(original_log_prob)
+    losses = -tf.math.log(prob + 1e-9)
+    copy_argmax = tf.argmax(log_probs, -1, output_type=tf.int32)
+    correct = tf.where((copy_prob > 0.5) & (is_copy > 0), 1.0,
+                       tf.cast(tf.equal(copy_argmax, input_ids), tf.float32))
+    return dict(main_all_tokens_loss=weighted_mean(losses, input_mask, token_total),
+                main_all_tokens_accuracy=weighted_mean(correct, input_mask, token_total))
+
+
 @register
 class ElectraPretrainer(keras.Model):
     """Generator and discriminator with the replaced-token-detection objective.
@@ -229,66 +263,50 @@ class ElectraPretrainer(keras.Model):
         slot_total, token_total = tf.unstack(totals)
 
         if self.generator is not None:
-            gen = self.generator(
-                {"input_ids": batch.masked_input_ids, "input_mask": input_mask,
-                 "segment_ids": segment_ids}, training=training, positions=batch.positions)
-            mlm_loss, mlm_correct = mlm_loss_terms(gen["mlm_logits"], batch.masked_ids,
-                                                   batch.weights, slot_total)
-            replica_seed = sampling_seed(seed, micro_batch)
-            sampled = masking.sample_replacements(
-                gen["mlm_logits"], replica_seed, temperature=c.temperature,
-                disallow_ids=batch.masked_ids if c.disallow_correct else None)
-            disc_input_ids, labels = masking.replace_tokens(input_ids, sampled, batch)
-            sampled_correct = tf.cast(tf.equal(sampled, batch.masked_ids), tf.float32)
-            out.update(mlm_loss=mlm_loss,
-                       mlm_accuracy=weighted_mean(mlm_correct, batch.weights, slot_total),
-                       sampled_accuracy=weighted_mean(sampled_correct, batch.weights, slot_total),
-                       sampled_ids=sampled, disc_input_ids=disc_input_ids,
-                       replaced_token_labels=labels)
-            loss += c.gen_weight * mlm_loss
+            out.update(self._generator_terms(batch, input_ids, input_mask, segment_ids, seed,
+                                             micro_batch, slot_total, training))
+            disc_input_ids = out["disc_input_ids"]
+            loss += c.gen_weight * out["mlm_loss"]
         else:
             disc_input_ids = batch.masked_input_ids  # the BERT baseline sees [MASK]
 
         disc_inputs = {"input_ids": disc_input_ids, "input_mask": input_mask,
                        "segment_ids": segment_ids}
         disc = self.discriminator(disc_inputs, training=training)
-
         if c.objective in ("electra", "electra_15"):
-            weights = token_weights
-            labels_f = tf.cast(labels, tf.float32)
-            logits = disc["rtd_logits"]
-            losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels_f, logits=logits)
-            disc_loss = weighted_mean(losses, weights, token_total)
-            predictions = tf.cast(logits > 0, tf.float32)
-            correct = tf.cast(tf.equal(predictions, labels_f), tf.float32)
-            out.update(disc_loss=disc_loss,
-                       disc_accuracy=weighted_mean(correct, weights, token_total),
-                       rtd_logits=logits, disc_weights=weights)
-            loss += c.disc_weight * disc_loss
+            terms = _replaced_token_terms(disc["rtd_logits"], out["replaced_token_labels"],
+                                          token_weights, token_total)
+            loss += c.disc_weight * terms["disc_loss"]
         elif c.objective in ("replace_mlm", "mlm"):
-            logits = gather_positions(disc["mlm_logits"], batch.positions)
-            main_loss, correct = mlm_loss_terms(logits, batch.masked_ids, batch.weights,
-                                                slot_total)
-            out.update(main_mlm_loss=main_loss,
-                       main_mlm_accuracy=weighted_mean(correct, batch.weights, slot_total))
-            loss += main_loss
-        else:  # all_tokens_mlm: predict every input token's identity, with the copy gate.
-            log_probs = tf.nn.log_softmax(disc["mlm_logits"])  # [batch, seq, V]
-            original_log_prob = tf.gather(log_probs, input_ids, batch_dims=2)  # [batch, seq]
-            copy_prob = tf.sigmoid(disc["rtd_logits"])  # D(x, t)
-            is_copy = tf.cast(tf.equal(disc_input_ids, input_ids), tf.float32)
-            prob = copy_prob * is_copy + (1.0 - copy_prob) * tf.exp(original_log_prob)
-            losses = -tf.math.log(prob + 1e-9)
-            copy_argmax = tf.argmax(log_probs, -1, output_type=tf.int32)
-            correct = tf.where((copy_prob > 0.5) & (is_copy > 0), 1.0,
-                               tf.cast(tf.equal(copy_argmax, input_ids), tf.float32))
-            main_loss = weighted_mean(losses, input_mask, token_total)
-            out.update(main_all_tokens_loss=main_loss,
-                       main_all_tokens_accuracy=weighted_mean(correct, input_mask, token_total))
-            loss += main_loss
-
+            terms = _masked_lm_terms(disc["mlm_logits"], batch, slot_total)
+            loss += terms["main_mlm_loss"]
+        else:
+            terms = _all_tokens_terms(disc, input_ids, disc_input_ids, input_mask, token_total)
+            loss += terms["main_all_tokens_loss"]
+        out.update(terms)
         out["loss"] = loss
         return out
+
+    def _generator_terms(self, batch, input_ids, input_mask, segment_ids, seed, micro_batch,
+                         slot_total, training) -> dict:
+        """The generator's MLM loss and accuracy, its samples, and the discriminator's input
+        with the samples written in (`replaced_token_labels`: 1 where a sample differs)."""
+        c = self.config
+        gen = self.generator(
+            {"input_ids": batch.masked_input_ids, "input_mask": input_mask,
+             "segment_ids": segment_ids}, training=training, positions=batch.positions)
+        mlm_loss, mlm_correct = mlm_loss_terms(gen["mlm_logits"], batch.masked_ids,
+                                               batch.weights, slot_total)
+        sampled = masking.sample_replacements(
+            gen["mlm_logits"], sampling_seed(seed, micro_batch), temperature=c.temperature,
+            disallow_ids=batch.masked_ids if c.disallow_correct else None)
+        disc_input_ids, labels = masking.replace_tokens(input_ids, sampled, batch)
+        sampled_correct = tf.cast(tf.equal(sampled, batch.masked_ids), tf.float32)
+        return dict(mlm_loss=mlm_loss,
+                    mlm_accuracy=weighted_mean(mlm_correct, batch.weights, slot_total),
+                    sampled_accuracy=weighted_mean(sampled_correct, batch.weights, slot_total),
+                    sampled_ids=sampled, disc_input_ids=disc_input_ids,
+                    replaced_token_labels=labels)
 
     # --- training ------------------------------------------------------------------------------
     def step_seed(self):

@@ -3,7 +3,7 @@
 One loop a reader can follow:
 
   strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
-  input:  strategy.distribute_datasets_from_function(resumable_dataset_fn(...))
+  input:  strategy.distribute_datasets_from_function(pipeline.dataset_fn(..., start_step=step))
   step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
           optionally XLA-compiled; with gradient_accumulation_steps=N it sums the gradients of N
           micro-batches into one update, `accumulated_step`), and returns the global losses,
@@ -22,12 +22,10 @@ Resuming exactly. The step is `optimizer.iterations` (checkpointed). Everything 
 function of (seed, step) or is checkpointed: masks and generator samples are keyed by
 `ElectraPretrainer.step_seed()`, dropout draws from Keras seed-generator states that are model
 variables, and the input position is DERIVED from the step: the example stream of every input
-pipeline is a deterministic sequence of epochs (epoch e reads the pipeline's files in an order
-shuffled by (seed, e), interleaved deterministically, through a shuffle buffer seeded by
-seed), and a run that starts at step s starts that stream at example s * global_batch /
-num_pipelines: it begins at epoch floor(position / epoch size) and skips the rest, so a resume
-reads at most one epoch of raw records (the epoch size is counted once, on resume only).
-Nothing about the input is stored in the checkpoint, so it stays valid if the input files move.
+pipeline is a deterministic function of (files, seed), and a run that starts at step s starts
+that stream at example s * global_batch / num_pipelines (`pipeline.pretraining_dataset`'s
+`start_step`: it reads at most one epoch of raw records to get there). Nothing about the input is
+stored in the checkpoint, so it stays valid if the input files move.
 
 Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold every model
 variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a
@@ -83,7 +81,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
-from electra_tf.config import ConfigError, ElectraConfig, JsonConfig
+from electra_tf.config import ConfigError, ElectraConfig, JsonConfig, check_field_types
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
@@ -132,7 +130,7 @@ RESUME_ON_REQUEST_FIELDS = ("learning_rate", "num_warmup_steps", "weight_decay",
 
 
 # --- config ---------------------------------------------------------------------------------------
-# Paper Table 6/7 (see /work/shared/reference/electra.md): learning rate, global batch, steps,
+# The paper's Table 6 (pre-training hyperparameters): learning rate, global batch, steps,
 # sequence length. Warmup is 10,000 steps for every size.
 _PAPER_SIZES = {
     "small": dict(learning_rate=5e-4, train_batch_size=128, num_train_steps=1_000_000,
@@ -205,15 +203,7 @@ class PretrainingConfig(JsonConfig):
             raise PretrainingConfigError(
                 f"PretrainingConfig.{name}: {message} (got {getattr(self, name)!r})")
 
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
-                fail(f.name, "must be an integer")
-            if f.type in ("float", float) and (isinstance(value, bool)
-                                               or not isinstance(value, (int, float))):
-                fail(f.name, "must be a number")
-            if f.type in ("bool", bool) and not isinstance(value, bool):
-                fail(f.name, "must be true or false")
+        check_field_types(self)
         for name in ("train_batch_size", "num_train_steps", "max_seq_length", "steps_per_loop",
                      "save_checkpoints_steps", "keep_checkpoint_max", "summary_steps",
                      "shuffle_buffer", "gradient_accumulation_steps"):
@@ -248,90 +238,6 @@ class PretrainingConfig(JsonConfig):
         values.update(overrides)
         return cls(**values)
 
-
-
-# --- input --------------------------------------------------------------------------------------
-def _pipeline_files(file_pattern, context: tf.distribute.InputContext):
-    """This pipeline's files and whether the pipelines split files (else they split examples)."""
-    files = pipeline.list_shards(file_pattern)
-    num, index = context.num_input_pipelines, context.input_pipeline_id
-    by_file = len(files) >= num
-    return (files[index::num] if by_file and num > 1 else files), by_file
-
-
-def _count_records(files, by_file: bool, context) -> int:
-    # What the stream reads per epoch: a damaged shard up to its first damaged record (the
-    # reader moves on to the next file there, as `pipeline.checked_records` does).
-    records = tf.data.TFRecordDataset(files).ignore_errors(log_warning=False)
-    count = int(records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
-    if by_file or context.num_input_pipelines == 1:
-        return count
-    num, index = context.num_input_pipelines, context.input_pipeline_id
-    return len(range(index, count, num))
-
-
-def resumable_dataset_fn(file_pattern, global_batch_size: int, seq_length: int, seed: int = 0,
-                         start_step: int = 0, shuffle_buffer: int = 1000, cycle_length: int = 4,
-                         skip_corrupt: bool = False):
-    """A function of an InputContext (for `distribute_datasets_from_function`) whose stream
-    is a deterministic function of (files, seed) and starts at `start_step`'s position.
-
-    See the module docstring. Every per-replica batch is a dict of int32 [batch, seq_length].
-    Shards are checked like `pipeline.pretraining_dataset` does (first record's features and
-    lengths up front; damaged files named when read, or with `skip_corrupt` read up to the
-    damage, with a warning on stderr).
-    """
-
-    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
-        files, by_file = _pipeline_files(file_pattern, context)
-        for path in files:
-            pipeline._check_first_record(path, seq_length, skip_corrupt=skip_corrupt)
-        sizes = {f: tf.io.gfile.stat(f).length for f in files}
-        per_replica = context.get_per_replica_batch_size(global_batch_size)
-        # Examples this pipeline hands out per step: one batch per replica it feeds.
-        per_step = global_batch_size // context.num_input_pipelines
-        position = start_step * per_step
-        first_epoch = offset = 0
-        if position:
-            epoch_size = _count_records(files, by_file, context)
-            if epoch_size == 0:
-                raise ValueError(f"{file_pattern}: no examples for input pipeline "
-                                 f"{context.input_pipeline_id}")
-            first_epoch, offset = divmod(position, epoch_size)
-        names = tf.constant(files)
-        lengths = tf.constant([sizes[f] for f in files], tf.int64)
-
-        def epoch(e):
-            epoch_seed = tf.stack([tf.constant(seed, tf.int64), e])
-            order = tf.random.experimental.stateless_shuffle(tf.range(len(files)), epoch_seed)
-            d = tf.data.Dataset.from_tensor_slices(
-                (tf.gather(names, order), tf.gather(lengths, order)))
-            d = d.interleave(lambda path, size: pipeline._checked_records(path, size,
-                                                                          skip_corrupt),
-                             cycle_length=max(1, min(cycle_length, len(files))),
-                             block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
-                             deterministic=True)
-            if not by_file and context.num_input_pipelines > 1:
-                d = d.shard(context.num_input_pipelines, context.input_pipeline_id)
-            # tf.data takes only a Python seed here: each epoch's buffer draws the same
-            # permutation pattern, applied to that epoch's own file order.
-            return d.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
-
-        d = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
-        if offset:
-            d = d.skip(offset)
-        features = {n: tf.io.FixedLenFeature([seq_length], tf.int64)
-                    for n in pipeline.FEATURE_NAMES}
-
-        def parse(records):  # [batch] serialized -> dict of int32 [batch, seq_length]
-            parsed = tf.io.parse_example(records, features)
-            return {n: tf.cast(parsed[n], tf.int32) for n in pipeline.FEATURE_NAMES}
-
-        d = d.batch(per_replica, drop_remainder=True)
-        d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        return d.prefetch(tf.data.AUTOTUNE)
-
-    return fn
 
 
 # --- the step -----------------------------------------------------------------------------------
@@ -520,20 +426,6 @@ def export_discriminator(model: ElectraPretrainer, folder, vocab_file=None) -> s
 
     return save_electra_checkpoint(model.discriminator, model.config, folder,
                                    vocab_file=vocab_file)
-
-
-def export_discriminator_from_checkpoint(model_dir, folder=None, vocab_file=None) -> str:
-    """On demand: the latest checkpoint of `model_dir` -> `folder` (default model_dir/
-    discriminator). The model config is read from model_dir's pretraining_config.json."""
-    saved = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
-    config = ElectraConfig.from_dict(saved["model_config"])
-    model = ElectraPretrainer(config, seed=saved["pretraining_config"]["seed"])
-    latest = tf.train.latest_checkpoint(str(model_dir))
-    if latest is None:
-        raise FileNotFoundError(f"{model_dir}: no checkpoint to export")
-    model_checkpoint(model).read(latest).expect_partial()
-    vocab_file = vocab_file or saved.get("vocab_file")
-    return export_discriminator(model, folder or Path(model_dir) / "discriminator", vocab_file)
 
 
 # --- the run folder: resuming only the same run, from a checkpoint that reads back ----------------
@@ -783,7 +675,8 @@ def _learning_rate(opt) -> float:
     return float(lr)
 
 
-# The message of `pipeline.checked_records` when a shard ends short of its size.
+# The message of the pipeline's reader (`pipeline._checked_records`) when a shard ends short of
+# its size.
 _DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
 
 
@@ -803,6 +696,186 @@ def _save_after_input_error(manager, opt, strategy, saved):
     saved = manager.save(checkpoint_number=step)
     logging.info("Saved checkpoint %s", saved)
     return saved
+
+
+def _damaged_shard_error(error, manager, opt, strategy, saved) -> pipeline.CorruptShardError | None:
+    """For an input error that names a damaged shard: a checkpoint of the steps done, and the
+    one-line error to stop with; None for any other error."""
+    found = _DAMAGED_SHARD.search(error.message)
+    if not found:
+        return None
+    saved = _save_after_input_error(manager, opt, strategy, saved)
+    path, done, size = found.groups()
+    return pipeline.CorruptShardError(
+        f"damaged shard {path}: read {done} of {size} bytes, reached at step "
+        f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
+        "--skip_corrupt_records trains without its damaged part")
+
+
+def _check_batch_split(config: PretrainingConfig, replicas: int) -> None:
+    """The global batch splits evenly over the replicas and then into the micro-batches."""
+    if config.train_batch_size % replicas:
+        raise PretrainingConfigError(
+            f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
+            f"the {replicas} replicas of the strategy")
+    micro = config.gradient_accumulation_steps
+    if config.train_batch_size % (replicas * micro):
+        raise PretrainingConfigError(
+            f"PretrainingConfig.gradient_accumulation_steps: {micro} does not divide the "
+            f"per-replica batch of {config.train_batch_size // replicas} "
+            f"(train_batch_size {config.train_batch_size} over {replicas} replicas)")
+
+
+def _check_input(data_pattern, config: PretrainingConfig, check_shards: bool,
+                 skip_corrupt: bool) -> int | None:
+    """Every record of every shard read once (`pipeline.check_shards`); returns the records a
+    pass over the data skips, when known."""
+    if not check_shards:
+        if skip_corrupt:
+            logging.warning("skip_corrupt without the shard check: damaged shards are read up "
+                            "to their first damaged record and named on stderr when reached, "
+                            "uncounted")
+        return None
+    skipped_records = pipeline.check_shards(
+        data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
+    if skip_corrupt:
+        logging.info("skipping %d records per pass over the data (damaged, or after the "
+                     "damage in their shard)", skipped_records)
+    return skipped_records
+
+
+def _restore_or_initialise(checkpoint, model, opt, model_dir: str, init,
+                           changes: dict) -> str | None:
+    """The newest readable checkpoint of model_dir (returned), else `init`'s weights."""
+    latest = restore_newest_readable(checkpoint, model_dir)
+    if latest and init is not None:
+        logging.warning("model_dir %s has checkpoints: resuming from them; --init_checkpoint "
+                        "%s is ignored", model_dir, init.path)
+    elif init is not None:
+        init.copy_into(model)
+    if latest:
+        logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
+        for name, (old, new) in changes.items():
+            changes_numbers = name == "num_train_steps" or name in RESUME_ON_REQUEST_FIELDS
+            log = logging.warning if changes_numbers else logging.info
+            log("Resuming with %s=%r (the run so far had %r)", name, new, old)
+    return latest
+
+
+def _check_finite(loss, bad_step: int, saved: str | None) -> None:
+    if bad_step >= 0:
+        last_good = (f"the last good checkpoint is {saved} (to go on from it with a "
+                     "lower learning rate, add --allow_config_change=learning_rate)"
+                     if saved else "no checkpoint was saved yet")
+        message = f"loss is {float(loss)} at step {bad_step}: stopping; {last_good}"
+        logging.error("%s", message)
+        raise NonFiniteLossError(message)
+
+
+class _Summaries:
+    """The TensorBoard summaries: metrics at each summary step, with the rates of the period
+    since the last one (examples and tokens per second), and the warnings read from them."""
+
+    def __init__(self, model, opt, grad_norm, config: PretrainingConfig, writer, step: int,
+                 skipped_records: int | None):
+        self.model, self.opt, self.grad_norm, self.config, self.writer = (
+            model, opt, grad_norm, config, writer)
+        self.skipped_records = skipped_records  # per pass over the data, when known
+        self.warned_collapse = False
+        self._start_period(step)
+
+    def _start_period(self, step: int) -> None:
+        self.period_start, self.period_step, self.tokens, self.loss_scale_skips = (
+            time.time(), step, 0, 0)
+
+    def add(self, tokens: int, loss_scale_skips: int) -> None:
+        self.tokens += tokens
+        self.loss_scale_skips += loss_scale_skips
+
+    def due(self, previous: int, step: int) -> bool:
+        every = self.config.summary_steps
+        return step // every > previous // every or step >= self.config.num_train_steps
+
+    def write(self, step: int, metrics: dict) -> None:
+        """Writes the period's summaries, then resets the metrics for the next one."""
+        config, opt = self.config, self.opt
+        elapsed = max(time.time() - self.period_start, 1e-9)
+        examples = (step - self.period_step) * config.train_batch_size
+        rates = {"examples_per_second": examples / elapsed,
+                 "tokens_per_second": self.tokens / elapsed, "learning_rate": _learning_rate(opt)}
+        for name, value in {**metrics, **rates}.items():
+            summaries.scalar(name, value, step=step)
+        if self.skipped_records is not None:
+            summaries.scalar("data/corrupt_records_skipped", self.skipped_records, step=step)
+        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
+            summaries.scalar("loss_scale/skipped_steps", self.loss_scale_skips, step=step)
+            summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()), step=step)
+        warning = collapse_warning(metrics, step, config, self.model.config.objective)
+        if warning and not self.warned_collapse:
+            logging.warning("%s", warning)
+            self.warned_collapse = True
+        self.writer.flush()
+        for m in (*self.model.metrics, self.grad_norm):
+            m.reset_state()
+        self._start_period(step)
+
+
+def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: PretrainingConfig,
+           data_pattern, model_dir: str, skip_corrupt: bool, skipped_records: int | None):
+    """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call runs
+    `steps_per_loop` steps; then the NaN check, summaries, a log line, a checkpoint when due.
+    Returns (step, preempted, metrics, latest checkpoint)."""
+    step = int(opt.iterations.numpy())
+    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
+        data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
+        start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
+    loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
+                        accumulation_steps=config.gradient_accumulation_steps)
+    writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if is_chief(strategy)
+              else tf.summary.create_noop_writer())
+    progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
+    summary = _Summaries(model, opt, grad_norm, config, writer, step,
+                         skipped_records if skip_corrupt else None)
+    metrics, preempted = {}, False
+    with _StopRequest() as stop_request, writer.as_default():
+        while step < config.num_train_steps:
+            num_steps = min(config.steps_per_loop, config.num_train_steps - step)
+            try:
+                loss, bad_step, tokens, skipped, stop = loop(
+                    iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+            except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+                error = _damaged_shard_error(e, manager, opt, strategy, saved)
+                if error is None:
+                    raise
+                raise error from None
+            _check_finite(loss, int(bad_step), saved)
+            previous, step = step, int(opt.iterations.numpy())
+            summary.add(int(tokens), int(skipped))
+            if int(skipped):
+                logging.warning(
+                    "%d of the last %d steps skipped by the float16 loss scale (non-finite "
+                    "gradients: no update, not counted; the scale is now %g)", int(skipped),
+                    num_steps, float(opt.dynamic_scale.numpy()))
+            metrics = {m.name: float(m.result()) for m in model.metrics}
+            if int(grad_norm.count.numpy()):  # no norm when every step was skipped
+                metrics["gradient_norm"] = float(grad_norm.result())
+            if summary.due(previous, step):
+                summary.write(step, metrics)
+            progress.update(step, force=True, loss=metrics["loss"],
+                            **{k: v for k, v in metrics.items()
+                               if k in ("mlm_loss", "disc_loss", "gradient_norm")})
+            if previous == progress.start_step:
+                progress.reset_clock(step)  # the ETA should not count the first trace
+            every = config.save_checkpoints_steps
+            if step // every > previous // every or bool(stop) or step >= config.num_train_steps:
+                saved = manager.save(checkpoint_number=step)
+                logging.info("Saved checkpoint %s", saved)
+            if bool(stop):
+                preempted = True
+                logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
+                                "resume", step)
+                break
+    return step, preempted, metrics, saved
 
 
 def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
@@ -835,27 +908,9 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     """
     model_dir = str(model_dir)
     replicas = strategy.num_replicas_in_sync
-    if config.train_batch_size % replicas:
-        raise PretrainingConfigError(
-            f"PretrainingConfig.train_batch_size: {config.train_batch_size} is not divisible by "
-            f"the {replicas} replicas of the strategy")
-    micro = config.gradient_accumulation_steps
-    if config.train_batch_size % (replicas * micro):
-        raise PretrainingConfigError(
-            f"PretrainingConfig.gradient_accumulation_steps: {micro} does not divide the "
-            f"per-replica batch of {config.train_batch_size // replicas} "
-            f"(train_batch_size {config.train_batch_size} over {replicas} replicas)")
+    _check_batch_split(config, replicas)
     changes = check_run_folder(model_dir, model_config, config, allow_changes)
-    skipped_records = None  # per pass over the data, when known
-    if check_shards:
-        skipped_records = pipeline.check_shards(
-            data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
-        if skip_corrupt:
-            logging.info("skipping %d records per pass over the data (damaged, or after the "
-                         "damage in their shard)", skipped_records)
-    elif skip_corrupt:
-        logging.warning("skip_corrupt without the shard check: damaged shards are read up to "
-                        "their first damaged record and named on stderr when reached, uncounted")
+    skipped_records = _check_input(data_pattern, config, check_shards, skip_corrupt)
     chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
 
@@ -868,113 +923,16 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         checkpoint = model_checkpoint(model, opt)
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
-        latest = restore_newest_readable(checkpoint, model_dir)
-        if latest and init is not None:
-            logging.warning("model_dir %s has checkpoints: resuming from them; --init_checkpoint "
-                            "%s is ignored", model_dir, init.path)
-        elif init is not None:
-            init.copy_into(model)
-        if latest:
-            logging.info("Resumed from %s at step %d", latest, int(opt.iterations.numpy()))
-            for name, (old, new) in changes.items():
-                changes_numbers = name == "num_train_steps" or name in RESUME_ON_REQUEST_FIELDS
-                log = logging.warning if changes_numbers else logging.info
-                log("Resuming with %s=%r (the run so far had %r)", name, new, old)
+        latest = _restore_or_initialise(checkpoint, model, opt, model_dir, init, changes)
         if chief:
             _write_run_record(model_dir, {
                 **(run_facts or {}), **_previous_facts(model_dir, latest),
                 "flags": flags or {}, "model_config": model_config.to_dict(),
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas})
-        step = int(opt.iterations.numpy())
-        dataset = strategy.distribute_datasets_from_function(resumable_dataset_fn(
-            data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
-            start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
-        iterator = iter(dataset)
-        loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
-                            accumulation_steps=config.gradient_accumulation_steps)
-        writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if chief
-                  else tf.summary.create_noop_writer())
-        progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
-        metrics = {}
-        saved = latest
-        preempted = warned_collapse = False
-        with _StopRequest() as stop_request, writer.as_default():
-            period_start, period_step, period_tokens, period_skipped = time.time(), step, 0, 0
-            while step < config.num_train_steps:
-                num_steps = min(config.steps_per_loop, config.num_train_steps - step)
-                try:
-                    loss, bad_step, tokens, skipped, stop = loop(
-                        iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
-                except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-                    found = _DAMAGED_SHARD.search(e.message)
-                    if not found:
-                        raise
-                    saved = _save_after_input_error(manager, opt, strategy, saved)
-                    path, done, size = found.groups()
-                    raise pipeline.CorruptShardError(
-                        f"damaged shard {path}: read {done} of {size} bytes, reached at step "
-                        f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
-                        "--skip_corrupt_records trains without its damaged part") from None
-                bad_step = int(bad_step)
-                if bad_step >= 0:
-                    last_good = (f"the last good checkpoint is {saved} (to go on from it with a "
-                                 "lower learning rate, add --allow_config_change=learning_rate)"
-                                 if saved else "no checkpoint was saved yet")
-                    message = f"loss is {float(loss)} at step {bad_step}: stopping; {last_good}"
-                    logging.error("%s", message)
-                    raise NonFiniteLossError(message)
-                previous, step = step, int(opt.iterations.numpy())
-                period_tokens += int(tokens)
-                period_skipped += int(skipped)
-                if int(skipped):
-                    logging.warning(
-                        "%d of the last %d steps skipped by the float16 loss scale (non-finite "
-                        "gradients: no update, not counted; the scale is now %g)", int(skipped),
-                        num_steps, float(opt.dynamic_scale.numpy()))
-                metrics = {m.name: float(m.result()) for m in model.metrics}
-                if int(grad_norm.count.numpy()):  # no norm when every step was skipped
-                    metrics["gradient_norm"] = float(grad_norm.result())
-                if step // config.summary_steps > previous // config.summary_steps \
-                        or step >= config.num_train_steps:
-                    elapsed = max(time.time() - period_start, 1e-9)
-                    rates = {"examples_per_second":
-                             (step - period_step) * config.train_batch_size / elapsed,
-                             "tokens_per_second": period_tokens / elapsed,
-                             "learning_rate": _learning_rate(opt)}
-                    for name, value in {**metrics, **rates}.items():
-                        summaries.scalar(name, value, step=step)
-                    if skip_corrupt and skipped_records is not None:
-                        summaries.scalar("data/corrupt_records_skipped", skipped_records,
-                                         step=step)
-                    if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-                        summaries.scalar("loss_scale/skipped_steps", period_skipped, step=step)
-                        summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()),
-                                         step=step)
-                    warning = collapse_warning(metrics, step, config, model_config.objective)
-                    if warning and not warned_collapse:
-                        logging.warning("%s", warning)
-                        warned_collapse = True
-                    writer.flush()
-                    for m in (*model.metrics, grad_norm):
-                        m.reset_state()
-                    period_start, period_step, period_tokens = time.time(), step, 0
-                    period_skipped = 0
-                progress.update(step, force=True, loss=metrics["loss"],
-                                **{k: v for k, v in metrics.items()
-                                   if k in ("mlm_loss", "disc_loss", "gradient_norm")})
-                if previous == progress.start_step:
-                    progress.reset_clock(step)  # the ETA should not count the first trace
-                if (step // config.save_checkpoints_steps > previous
-                        // config.save_checkpoints_steps or bool(stop)
-                        or step >= config.num_train_steps):
-                    saved = manager.save(checkpoint_number=step)
-                    logging.info("Saved checkpoint %s", saved)
-                if bool(stop):
-                    preempted = True
-                    logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
-                                    "resume", step)
-                    break
+        step, preempted, metrics, saved = _train(
+            model, opt, grad_norm, manager, latest, strategy, config, data_pattern, model_dir,
+            skip_corrupt, skipped_records)
         disc_dir = None
         if not preempted:
             # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the

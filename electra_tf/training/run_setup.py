@@ -34,7 +34,6 @@ and the log says so.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -42,10 +41,10 @@ from typing import NamedTuple
 
 from absl import logging
 
-from electra_tf.config import ConfigError, ElectraConfig
+from electra_tf.config import SPECIAL_ID_FIELDS, ConfigError, ElectraConfig
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import (
-    MARKER, detect_format, holds_generator, is_run_folder, load_pretrained)
+    detect_format, holds_generator, is_run_folder, load_pretrained, saved_network)
 from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.training import pretraining
@@ -53,7 +52,6 @@ from electra_tf.training import pretraining
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).
 CHECKPOINT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size")
-SPECIAL_ID_FIELDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 # Paper sizes by hidden width, for the PretrainingConfig defaults of a checkpoint's model.
 _SIZE_BY_HIDDEN = {256: "small", 768: "base", 1024: "large"}
 
@@ -167,15 +165,15 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
     if fmt == "hf" and "ElectraForMaskedLM" in _hf_architectures(folder):
         raise ConfigError(f"--init_checkpoint={path} holds a generator; give the discriminator's "
                           "folder as --init_checkpoint and this one as --init_generator")
-    kind = "pretrainer" if holds_generator(path, fmt) else "discriminator"
+    network = "pretrainer" if holds_generator(path, fmt) else "discriminator"
     if is_run_folder(folder):
-        kind = "pretrainer"  # both networks as the run built them (an mlm run has no generator)
+        network = "pretrainer"  # both networks as the run built them (an mlm run has no generator)
     elif fmt == "electra_tf":
-        kind = json.loads((folder / MARKER).read_text()).get("kind")
-        if kind == "generator":
+        network = saved_network(folder)
+        if network == "generator":
             raise ConfigError(f"--init_checkpoint={path} holds a generator alone; give a "
                               "discriminator or a pretrainer")
-    loaded = load_pretrained(path, kind)
+    loaded = load_pretrained(path, network)
     logging.info("--init_checkpoint: %s", loaded.report.summary())
     return InitialWeights(str(path), fmt, loaded.model, loaded.config, loaded.vocab_path)
 

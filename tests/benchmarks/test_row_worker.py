@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from electra_tf.config import ElectraConfig
-from tools import row_worker
+from electra_tf.tools import row_worker
 
 
 def answers(commands, step=lambda: 1.5, per_call=2, matmul=None):

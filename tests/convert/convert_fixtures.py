@@ -1,6 +1,6 @@
 """Checkpoints in the released layouts, from known random values, written independently of the
-converter: names and shapes follow the reference's "Released checkpoint variable names" and the
-authors' `model/modeling.py` / `run_pretraining.py` scopes; HF names follow `modeling_electra.py`.
+converter: names and shapes follow the released archives' variables, the authors'
+`model/modeling.py` / `run_pretraining.py` scopes; HF names follow `modeling_electra.py`.
 """
 
 from __future__ import annotations

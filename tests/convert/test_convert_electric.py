@@ -70,7 +70,7 @@ def test_round_trip_through_the_authors_names(tmp_path, sharing):
             assert shapes[f"{tower}/embeddings/word_embeddings"] == (VOCAB, h)
         assert shapes["cloze_predictions/dense/kernel"] == (2 * h, h)
 
-    loaded, loaded_config, back, _ = tf1.load_tf1_model(tmp_path / "tf1", kind="pretrainer",
+    loaded, loaded_config, back, _ = tf1.load_tf1_model(tmp_path / "tf1", network="pretrainer",
                                                         config=config)
     assert back.counts() == {"mapped": len(names), "ignored": 1, "missing": 0, "unknown": 0}
     assert loaded_config == config
@@ -91,11 +91,11 @@ def test_config_inferred_from_an_electric_checkpoint(tmp_path):
     assert inferred.generator_config().num_layers == 2
 
 
-def test_the_discriminator_alone_loads_and_generator_kind_is_refused(tmp_path):
+def test_the_discriminator_alone_loads_and_generator_network_is_refused(tmp_path):
     config = electric_config()
     model = ElectraPretrainer(config)
     tf1.export_tf1(model, tmp_path)
-    disc, _, report, _ = tf1.load_tf1_model(tmp_path, kind="discriminator", config=config)
+    disc, _, report, _ = tf1.load_tf1_model(tmp_path, network="discriminator", config=config)
     reasons = {reason for _, reason in report.ignored}
     assert reasons == {"generator weight (loading the discriminator)", "global_step"}
     assert {name for name, _ in report.ignored} >= {"cloze_predictions/output_bias",
@@ -103,14 +103,14 @@ def test_the_discriminator_alone_loads_and_generator_kind_is_refused(tmp_path):
     out = disc(features(), training=False)["rtd_logits"].numpy()
     want = model.discriminator(features(), training=False)["rtd_logits"].numpy()
     np.testing.assert_array_equal(out, want)
-    with pytest.raises(ConversionError, match="kind='pretrainer'"):
-        tf1.load_tf1_model(tmp_path, kind="generator", config=config)
+    with pytest.raises(ConversionError, match="network='pretrainer'"):
+        tf1.load_tf1_model(tmp_path, network="generator", config=config)
 
 
 def test_an_electric_checkpoint_does_not_load_into_an_electra_pretrainer(tmp_path):
     tf1.export_tf1(ElectraPretrainer(electric_config()), tmp_path)
     with pytest.raises(ConversionError, match="missing|unknown"):
-        tf1.load_tf1_model(tmp_path, kind="pretrainer",
+        tf1.load_tf1_model(tmp_path, network="pretrainer",
                            config=electric_config(objective="electra"))
 
 
@@ -121,11 +121,11 @@ def test_electra_tf_format_round_trip_and_hugging_face_refuses_the_generator(tmp
     config = electric_config()
     model = ElectraPretrainer(config, seed=1)
     save_electra_checkpoint(model, config, tmp_path / "ours")
-    loaded = load_pretrained(tmp_path / "ours", kind="pretrainer").model
+    loaded = load_pretrained(tmp_path / "ours", network="pretrainer").model
     seed = tf.constant([2, 2])
     a = model.compute_objective(features(), seed, training=False)
     b = loaded.compute_objective(features(), seed, training=False)
     np.testing.assert_array_equal(a["cloze_logits"].numpy(), b["cloze_logits"].numpy())
     np.testing.assert_array_equal(a["rtd_logits"].numpy(), b["rtd_logits"].numpy())
-    with pytest.raises(ConversionError, match="kind='discriminator'"):
+    with pytest.raises(ConversionError, match="network='discriminator'"):
         hf.export_hf(model, tmp_path / "hf")

@@ -124,6 +124,12 @@ def test_shape_and_unknown_errors(tmp_path, tiny_tensors):
              hf_config("ElectraForPreTraining", H, HEADS, 512, vocab_size=200))
     with pytest.raises(ConversionError, match="vocabulary size mismatch.*200.*112"):
         load_pretrained(tmp_path / "v", "discriminator")
+    folder = write_hf(tmp_path / "no_mask", fx.hf_state(tiny_tensors, "discriminator"),
+                      hf_config("ElectraForPreTraining", H, HEADS, 512))
+    fx.write_vocab(folder / "vocab.txt", V)
+    (folder / "vocab.txt").write_text((folder / "vocab.txt").read_text().replace("[MASK]\n", "[MASK2]\n"))
+    with pytest.raises(ConversionError, match=r"vocab.txt: missing special token\(s\) \[MASK\]"):
+        load_pretrained(folder, "discriminator")
 
 
 def test_config_mapping():

@@ -293,7 +293,7 @@ def test_what_keras_hub_cannot_hold(tmp_path, disc):
 def test_convert_binary_writes_a_keras_hub_preset(tmp_path, disc, vocab_file):
     save_electra_checkpoint(disc, disc.config, tmp_path / "ours", vocab_file=vocab_file)
     result = subprocess.run(
-        [sys.executable, "-m", "tools.convert", f"--input={tmp_path / 'ours'}",
+        [sys.executable, "-m", "electra_tf.tools.convert", f"--input={tmp_path / 'ours'}",
          f"--output={tmp_path / 'preset'}", "--output_format=keras_hub"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

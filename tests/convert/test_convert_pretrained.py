@@ -27,12 +27,12 @@ def assert_same_weights(a, b):
         np.testing.assert_array_equal(x.numpy(), y.numpy(), err_msg=x.path)
 
 
-def test_our_format_round_trip_for_every_kind(tmp_path, tiny_ckpt):
+def test_our_format_round_trip_for_every_network(tmp_path, tiny_ckpt):
     source = load_pretrained(tiny_ckpt, "pretrainer")
     save_electra_checkpoint(source.model, source.config, tmp_path / "ours",
                             vocab_file=source.vocab_path)
     marker = json.loads((tmp_path / "ours" / "electra_tf_checkpoint.json").read_text())
-    assert marker["kind"] == "pretrainer" and marker["objects"] == ["discriminator", "generator"]
+    assert marker["network"] == "pretrainer" and marker["objects"] == ["discriminator", "generator"]
     assert detect_format(tmp_path / "ours") == "electra_tf"
 
     model, config, vocab = from_pretrained(tmp_path / "ours", "pretrainer")
@@ -54,6 +54,14 @@ def test_our_format_round_trip_for_every_kind(tmp_path, tiny_ckpt):
     with pytest.raises(ConversionError, match="holds a generator, not a discriminator"):
         from_pretrained(tmp_path / "gen", "discriminator")
 
+    # Folders written before the field was renamed say "kind"; `kind=` still loads, with a warning.
+    marker = json.loads((tmp_path / "gen" / "electra_tf_checkpoint.json").read_text())
+    marker["kind"] = marker.pop("network")
+    (tmp_path / "gen" / "electra_tf_checkpoint.json").write_text(json.dumps({**marker, "version": 1}))
+    with pytest.warns(DeprecationWarning, match="kind= is deprecated: use network="):
+        old, _, _ = from_pretrained(tmp_path / "gen", kind="generator")
+    assert_same_weights(gen, old)
+
 
 def test_detection_lists_what_it_looked_for(tmp_path, tiny_ckpt):
     assert detect_format(tiny_ckpt) == "tf1"
@@ -72,16 +80,18 @@ def test_report_is_readable():
     assert "a/kernel -> x/kernel [2, 3]" in text and "1 x optimizer slot" in text and "b/bias [3]" in text
 
 
-def run_convert(*args):
-    result = subprocess.run([sys.executable, "-m", "tools.convert", *args], cwd=REPO,
+def run_convert(*args, stderr=None):
+    result = subprocess.run([sys.executable, "-m", "electra_tf.tools.convert", *args], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(result.stderr)
     return result.stdout
 
 
 def test_convert_binary_tf1_to_hf_to_electra_tf(tmp_path, tiny_ckpt):
     out = run_convert(f"--input={tiny_ckpt}", f"--output={tmp_path / 'hf'}", "--output_format=hf",
-                      "--kind=pretrainer")
+                      "--network=pretrainer")
     assert "== import ==" in out and "mapped (82)" in out and "optimizer slot" in out
     assert "missing (0)" in out and "== export ==" in out
     assert (tmp_path / "hf" / "generator" / "model.safetensors").exists()
@@ -94,7 +104,7 @@ def test_convert_binary_tf1_to_hf_to_electra_tf(tmp_path, tiny_ckpt):
 
 
 def test_convert_takes_every_network_the_input_has(tmp_path, tiny_ckpt):
-    # No --kind: the release holds a generator, so nothing of it is dropped (README, issue #15).
+    # No --network: the release holds a generator, so nothing of it is dropped (README, issue #15).
     out = run_convert(f"--input={tiny_ckpt}", f"--output={tmp_path / 'hf'}", "--output_format=hf")
     assert "mapped (82)" in out.split("== export ==")[0]
     export = out.split("== export ==")[1]
@@ -109,6 +119,12 @@ def test_convert_takes_every_network_the_input_has(tmp_path, tiny_ckpt):
     out = run_convert(f"--input={tmp_path / 'hf' / 'discriminator'}", f"--output={tmp_path / 'd'}",
                       "--output_format=hf")
     assert (tmp_path / "d" / "model.safetensors").exists() and not (tmp_path / "d" / "generator").exists()
+    # --kind, the old name of --network, still works and says so.
+    logs = []
+    run_convert(f"--input={tiny_ckpt}", f"--output={tmp_path / 'k'}", "--output_format=hf",
+                "--kind=discriminator", stderr=logs)
+    assert (tmp_path / "k" / "model.safetensors").exists() and not (tmp_path / "k" / "generator").exists()
+    assert "--kind is deprecated: use --network" in logs[0]
 
 
 # --- damaged files and file modes -----------------------------------------------------------------
@@ -190,9 +206,9 @@ def test_binaries_report_a_truncated_checkpoint_in_one_line(written, tmp_path):
     for case in ("hf-safetensors-body", "tf1-data", "electra_tf-data"):
         folder, path = truncated_copy(written, tmp_path, case)
         commands = {
-            "electra-convert": ["tools.convert", f"--input={folder}",
+            "electra-convert": ["electra_tf.tools.convert", f"--input={folder}",
                                 f"--output={tmp_path / (case + '-out')}", "--output_format=hf"],
-            "electra-finetune": ["tools.finetune", "--task=classification", f"--train_file={train}",
+            "electra-finetune": ["electra_tf.tools.finetune", "--task=classification", f"--train_file={train}",
                                  f"--eval_file={train}", "--text_column=text",
                                  "--label_column=label", f"--init_checkpoint={folder}",
                                  f"--model_dir={tmp_path / (case + '-ft')}"],

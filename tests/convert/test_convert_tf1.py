@@ -277,8 +277,8 @@ def test_wrong_vocab_size_is_an_error(tiny_ckpt, tmp_path, tiny_tensors):
     with pytest.raises(ConversionError, match="vocabulary size mismatch"):
         tf1.load_tf1(Discriminator(config.replace(vocab_size=120)), tiny_ckpt)
     fx.write_tf1(tmp_path, tiny_tensors)
-    fx.write_vocab(tmp_path / "vocab.txt", 100)  # vocab.txt disagrees with the checkpoint
-    with pytest.raises(ConversionError, match="vocab.txt has 100 tokens.*112"):
+    fx.write_vocab(tmp_path / "vocab.txt", 120)  # vocab.txt disagrees with the checkpoint
+    with pytest.raises(ConversionError, match="vocab.txt has 120 tokens.*112"):
         load_pretrained(tmp_path, "discriminator")
 
 

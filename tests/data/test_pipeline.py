@@ -94,6 +94,19 @@ def test_training_shards_by_file_without_overlap(built_shards):
     assert not firsts[0] & firsts[1]
 
 
+def test_the_training_stream_is_a_function_of_the_seed_and_resumes_at_a_step(built_shards, all_examples):
+    pattern = os.path.join(built_shards[0], "pretrain_data.tfrecord-*")
+
+    def first_ids(seed, start_step, n):
+        ds = pretraining_dataset(pattern, 8, SEQ, seed=seed, start_step=start_step, shuffle_buffer=50)
+        return [b["input_ids"].numpy().tolist() for b in ds.take(n)]
+
+    epoch = len(all_examples) // 8
+    straight = first_ids(3, 0, epoch + 10)
+    assert first_ids(3, epoch - 5, 15) == straight[epoch - 5:]  # across the end of an epoch
+    assert first_ids(4, 0, 3) != straight[:3]
+
+
 def test_dataset_fn_with_mirrored_strategy(built_shards):
     out, _ = built_shards
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]

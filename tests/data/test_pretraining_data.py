@@ -192,7 +192,7 @@ def test_same_seed_same_bytes_with_one_and_two_processes(tmp_path, corpus_dir, v
 
 
 def _cli(out, corpus, vocab_file, procs=2):
-    return [sys.executable, "-m", "tools.build_pretraining_data", f"--input={corpus}",
+    return [sys.executable, "-m", "electra_tf.tools.build_pretraining_data", f"--input={corpus}",
             f"--vocab_file={vocab_file}", f"--output_dir={out}", "--max_seq_length=64",
             "--num_shards=24", f"--num_processes={procs}", "--seed=1", "--progress_every=0.2"]
 
@@ -490,7 +490,7 @@ def test_missing_input_and_changed_config(tmp_path, vocab_file, corpus_dir, buil
 
 def test_cli_flags(tmp_path, corpus_dir, vocab_file):
     res = subprocess.run(
-        [sys.executable, "-m", "tools.build_pretraining_data", f"--input={corpus_dir}",
+        [sys.executable, "-m", "electra_tf.tools.build_pretraining_data", f"--input={corpus_dir}",
          f"--vocab_file={vocab_file}", f"--output_dir={tmp_path / 'o'}", "--on_error=explode"],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO), capture_output=True, timeout=120)
     assert res.returncode != 0 and b"on_error" in res.stderr

@@ -5,7 +5,8 @@ import hashlib
 import pytest
 import tensorflow as tf
 
-from electra_tf.data.tokenizer import VocabError, WordpieceTokenizer, load_vocab
+from electra_tf.data.tokenizer import (VocabError, WordpieceTokenizer, frequency_vocab, load_vocab,
+                                      special_token_ids, write_vocab)
 
 
 def test_specials_are_read_from_the_file(tokenizer, vocab_file):
@@ -15,6 +16,26 @@ def test_specials_are_read_from_the_file(tokenizer, vocab_file):
         0, 5, 21, 34)
     assert tokenizer.vocab == lines and tokenizer.vocab_size == len(lines)
     assert tokenizer.vocab_hash() == hashlib.sha256(open(vocab_file, "rb").read()).hexdigest()
+
+
+def test_special_token_ids_name_the_config_fields():
+    vocab = ["[unused0]", "[SEP]", "a", "[MASK]", "[PAD]", "[CLS]", "[UNK]"]
+    assert special_token_ids(vocab) == {"pad_token_id": 4, "unk_token_id": 6, "cls_token_id": 5,
+                                        "sep_token_id": 1, "mask_token_id": 3}
+    with pytest.raises(VocabError, match=r"missing special token\(s\) \[MASK\]"):
+        special_token_ids([t for t in vocab if t != "[MASK]"])
+
+
+def test_frequency_vocab_covers_its_texts(tmp_path):
+    texts = ["The café's menu, the menu!", "the end"]
+    vocab = frequency_vocab(texts, num_words=2)
+    assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert vocab[-2:] == ["the", "menu"]  # the two most frequent words of 2+ characters
+    assert {"'", ",", "!", "e", "##e"} <= set(vocab) and "é" not in vocab  # accents dropped
+    write_vocab(vocab, str(tmp_path / "vocab.txt"))
+    tok = WordpieceTokenizer(str(tmp_path / "vocab.txt"))
+    assert tok.unk_id not in tok.tokenize(tf.constant(texts)).flat_values.numpy()
+    assert frequency_vocab(texts, max_size=7) == vocab[:7]
 
 
 def test_lower_casing_accent_stripping_and_punctuation(tokenizer):

@@ -28,7 +28,7 @@ def sh_commands(path: Path = README) -> list[str]:
 
 
 def program_and_flags(command: str) -> tuple[str, list[str]]:
-    """("electra-pretrain" or "tools.replicate" or the first word, [flag names as written])."""
+    """("electra-pretrain" or "electra_tf.tools.replicate" or the first word, [flag names as written])."""
     words = shlex.split(command)
     while words and re.match(r"^[A-Z_]+=", words[0]):  # VAR=value prefixes
         words = words[1:]

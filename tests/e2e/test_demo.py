@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.multiprocess
 def test_demo_runs_end_to_end_and_served_answers_match(tmp_path):
     workdir = tmp_path / "demo"
-    cmd = [sys.executable, "-m", "tools.demo", f"--workdir={workdir}", "--scale=0.01"]
+    cmd = [sys.executable, "-m", "electra_tf.tools.demo", f"--workdir={workdir}", "--scale=0.01"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

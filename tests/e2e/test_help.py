@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = re.findall(r'"(electra-[a-z-]+)=tools\.(\w+):run"', (ROOT / "setup.py").read_text())
+SCRIPTS = re.findall(r'"(electra-[a-z-]+)=electra_tf\.tools\.(\w+):run"', (ROOT / "setup.py").read_text())
 
 # Runs the console script's `run()` as the installed wrapper does, then reports on stderr.
 _PROBE = """
@@ -18,13 +18,13 @@ import json, sys
 sys.argv = [{script!r}, "--help"]
 code = None
 try:
-    from tools.{module} import run
+    from electra_tf.tools.{module} import run
     run()
 except SystemExit as e:
     code = e.code
 from absl import flags
-own = [f.name for f in flags.FLAGS.get_key_flags_for_module("tools.{module}")]
-doc = sys.modules["tools.{module}"].__doc__
+own = [f.name for f in flags.FLAGS.get_key_flags_for_module("electra_tf.tools.{module}")]
+doc = sys.modules["electra_tf.tools.{module}"].__doc__
 print(json.dumps({{"code": code, "tensorflow": "tensorflow" in sys.modules, "flags": own,
                    "first_line": doc.strip().splitlines()[0]}}), file=sys.stderr)
 """

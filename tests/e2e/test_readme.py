@@ -11,13 +11,13 @@ import pytest
 
 from tests.e2e.readme_commands import ROOT, program_and_flags, sh_commands
 
-SCRIPTS = dict(re.findall(r'"(electra-[a-z-]+)=tools\.(\w+):run"', (ROOT / "setup.py").read_text()))
+SCRIPTS = dict(re.findall(r'"(electra-[a-z-]+)=electra_tf\.tools\.(\w+):run"', (ROOT / "setup.py").read_text()))
 
 _FLAGS_OF = """
 import json, sys
-import tools.{module}
+import electra_tf.tools.{module}
 from absl import flags
-print(json.dumps([f.name for f in flags.FLAGS.get_key_flags_for_module("tools.{module}")]))
+print(json.dumps([f.name for f in flags.FLAGS.get_key_flags_for_module("electra_tf.tools.{module}")]))
 """
 
 
@@ -32,7 +32,7 @@ def test_readme_has_the_commands_it_documents():
     programs = {program_and_flags(c)[0] for c in sh_commands()}
     for expected in ("make", "electra-build-vocab", "electra-build-data", "electra-pretrain",
                      "electra-finetune", "electra-convert", "electra-export", "electra-serve",
-                     "electra-client", "tools.replicate"):
+                     "electra-client", "electra_tf.tools.replicate"):
         assert expected in programs
 
 
@@ -41,7 +41,7 @@ def test_every_flag_in_the_docs_exists(doc):
     wanted: dict[str, set[str]] = {}
     for command in sh_commands(ROOT / doc):
         program, names = program_and_flags(command)
-        module = SCRIPTS.get(program) or (program.split(".", 1)[1] if program.startswith("tools.") else None)
+        module = SCRIPTS.get(program) or (program.rsplit(".", 1)[1] if program.startswith("electra_tf.tools.") else None)
         if module is not None:
             wanted.setdefault(module, set()).update(names)
     for module, names in sorted(wanted.items()):
@@ -97,7 +97,7 @@ def _section_commands(title: str) -> list[str]:
 
 def _program(name: str) -> list[str]:
     script = Path(sys.executable).parent / name
-    return [str(script)] if script.exists() else [sys.executable, "-m", f"tools.{SCRIPTS[name]}"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", f"electra_tf.tools.{SCRIPTS[name]}"]
 
 
 def _run(command: str, work: Path, env: dict, timeout=600) -> str:

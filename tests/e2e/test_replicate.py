@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.multiprocess
 def test_replication_writes_the_table_and_a_png(tmp_path):
     workdir = tmp_path / "replication"
-    cmd = [sys.executable, "-m", "tools.replicate", f"--workdir={workdir}", "--electra_steps=10",
+    cmd = [sys.executable, "-m", "electra_tf.tools.replicate", f"--workdir={workdir}", "--electra_steps=10",
            "--num_points=1", "--num_seeds=2", "--finetune_examples=256", "--finetune_epochs=1",
            "--corpus_scale=0.008", "--eval_split=tune",
            "--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm,electric"]

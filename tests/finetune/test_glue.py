@@ -277,7 +277,7 @@ def test_binary_mrpc_data_dir_writes_the_submission(glue_data, tmp_path, vocab_f
     out = tmp_path / "ft"
     # Paths given as ~/...: the binary expands them (HOME is tmp_path here).
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.finetune", "--task=mrpc", "--data_dir=~/glue_data/MRPC",
+        [sys.executable, "-m", "electra_tf.tools.finetune", "--task=mrpc", "--data_dir=~/glue_data/MRPC",
          "--config=electra_tiny", f"--vocab_file={vocab_file}", "--model_dir=~/ft",
          "--num_train_epochs=1", "--train_batch_size=2", "--max_seq_length=32", "--log_every_steps=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600,

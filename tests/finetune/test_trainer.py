@@ -288,7 +288,7 @@ def test_for_model_size_defaults():
 
 def _run_binary(*args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    return subprocess.run([sys.executable, "-m", "tools.finetune", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "electra_tf.tools.finetune", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

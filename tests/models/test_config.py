@@ -4,7 +4,7 @@ import pytest
 
 from electra_tf.config import ConfigError, ElectraConfig
 
-PAPER = {  # reference "Model sizes": layers, hidden, FFN, heads, E, generator fraction, mask prob
+PAPER = {  # paper Table 6: layers, hidden, FFN, heads, E, generator fraction, mask prob
     "electra_small": (12, 256, 1024, 4, 128, 0.25, 0.15),
     "electra_base": (12, 768, 3072, 12, 768, 1 / 3, 0.15),
     "electra_large": (24, 1024, 4096, 16, 1024, 0.25, 0.25),
@@ -118,3 +118,16 @@ def test_every_config_type_loads_and_validates_the_same_way(tmp_path):
         with pytest.raises(ConfigError, match="unknown field.*no_such_field"):
             cls.from_json(tmp_path / "bad.json")
     assert issubclass(PretrainingConfigError, ConfigError)
+
+
+def test_every_config_type_checks_field_types_the_same_way():
+    from electra_tf.finetune.config import FinetuningConfig
+    from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+
+    cases = ((ElectraConfig, ConfigError, "max_predictions_per_seq", 1.5, "must be an integer or null"),
+             (ElectraConfig, ConfigError, "hidden_act", 1, "must be a string"),
+             (FinetuningConfig, ConfigError, "keep_best", "yes", "must be true or false"),
+             (PretrainingConfig, PretrainingConfigError, "learning_rate", "1e-4", "must be a number"))
+    for cls, error, field, value, message in cases:
+        with pytest.raises(error, match=rf"^{cls.__name__}\.{field}: {message} \(got {value!r}\)$"):
+            cls(**{field: value})

@@ -18,6 +18,7 @@ from electra_tf.models import ElectraPretrainer
 from electra_tf.models.electric import (
     TwoTowerClozeGenerator, directional_attention_mask, noise_log_ratio)
 from electra_tf.models.flops import training_flops_per_sequence
+from same_step import assert_same_steps, sgd_steps
 from two_cpus import two_cpu_mirrored
 
 VOCAB, SEQ = 256, 24
@@ -309,28 +310,9 @@ def test_flops_count_two_towers_and_a_cloze_head_at_every_position():
 
 # --- under a strategy ----------------------------------------------------------------------------
 def train_two_steps(strategy, initial_weights, features):
-    """Two SGD steps of Electric; returns the global (loss, cloze, disc) per step and the weights.
-    Dropout is off and sampling takes the argmax (temperature -> 0), as test_distributed.py."""
-    with strategy.scope():
-        model = ElectraPretrainer(electric_config(temperature=1e-7), seed=1)
-        model.set_weights(initial_weights)
-        model.compile(optimizer=keras.optimizers.SGD(0.5))
-        model.optimizer.build(model.trainable_variables)
-    data = next(iter(strategy.experimental_distribute_dataset(
-        tf.data.Dataset.from_tensors(features))))
-
-    @tf.function
-    def step(data):
-        def replica_fn(inputs):
-            with tf.GradientTape() as tape:
-                out = model.compute_objective(inputs, model.step_seed(), training=True)
-            grads = tape.gradient(out["loss"], model.trainable_variables)
-            model.optimizer.apply(grads, model.trainable_variables)
-            return out["loss"], out["cloze_loss"], out["disc_loss"]
-        return [strategy.reduce("SUM", x, axis=None) for x in strategy.run(replica_fn, args=(data,))]
-
-    losses = [np.array([float(x) for x in step(data)]) for _ in range(2)]
-    return losses, [w.numpy() for w in model.weights]
+    """Two SGD steps of Electric (dropout off, argmax sampling: tests/same_step.py)."""
+    return sgd_steps(strategy, lambda: ElectraPretrainer(electric_config(temperature=1e-7), seed=1),
+                     initial_weights, features, ("loss", "cloze_loss", "disc_loss"))
 
 
 @pytest.mark.slow
@@ -339,14 +321,5 @@ def test_mirrored_two_replicas_match_one_device():
     features = {k: np.concatenate([v, v[::-1]]) for k, v in batch(5).items()}  # 8 rows, uneven halves
     keras.utils.set_random_seed(0)
     initial = ElectraPretrainer(electric_config()).get_weights()
-    one, one_weights = train_two_steps(tf.distribute.OneDeviceStrategy("/cpu:0"), initial, features)
-    two, two_weights = train_two_steps(
-        two_cpu_mirrored(), initial, features)
-    tolerance = dict(rtol=2e-4, atol=2e-6)
-    for a, b in zip(one, two):
-        np.testing.assert_allclose(a, b, **tolerance)
-    changed = 0
-    for a, b, start in zip(one_weights, two_weights, initial):
-        np.testing.assert_allclose(a, b, **tolerance)
-        changed += not np.allclose(a, start)
-    assert changed > 20
+    assert_same_steps(train_two_steps(tf.distribute.OneDeviceStrategy("/cpu:0"), initial, features),
+                      train_two_steps(two_cpu_mirrored(), initial, features), initial)

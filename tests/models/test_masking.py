@@ -1,4 +1,5 @@
-"""Dynamic masking and sampling, checked statistically against the reference rules."""
+"""Dynamic masking and sampling, checked statistically against the authors' rules
+(`pretrain/pretrain_helpers.py`)."""
 
 import numpy as np
 import pytest

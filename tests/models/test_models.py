@@ -9,7 +9,7 @@ from electra_tf.models import Discriminator, ElectraPretrainer, Generator, dummy
 
 
 def released_discriminator_params(c: ElectraConfig) -> int:
-    """Parameter count from the released checkpoints' variable shapes (reference list)."""
+    """Parameter count from the released checkpoints' variable shapes."""
     V, E, H, F, L = c.vocab_size, c.embedding_size, c.hidden_size, c.intermediate_size, c.num_layers
     embeddings = V * E + c.max_position_embeddings * E + c.type_vocab_size * E + 2 * E
     project = E * H + H if E != H else 0

@@ -1,6 +1,6 @@
 """Electric's scores after a short training on the embedded corpus (electra_tf/ranking.py).
 
-The measured run (`python -m tools.electric_ranking`, the defaults of `RankingConfig`: 6,000
+The measured run (`python -m electra_tf.tools.electric_ranking`, the defaults of `RankingConfig`: 6,000
 steps, 28 minutes on the shared 2-core machine) ranks 96.6% of 500 held-out sentences above
 their shuffles; its checkpoints pass 90% between 1,500 steps (88%) and 3,000 (94%), when the
 discriminator starts to use word order in mid-sentence. The test below runs `QUICK` (1,200

@@ -153,7 +153,7 @@ def test_electra_score_command(checkpoint, tmp_path):
     text = tmp_path / "in.txt"
     text.write_text("\n".join([*SENTENCES, ""]) + "\n", encoding="utf-8")
     out = tmp_path / "scores.jsonl"
-    done = cli("tools.score", f"--checkpoint={checkpoint}", f"--input={text}", f"--output={out}",
+    done = cli("electra_tf.tools.score", f"--checkpoint={checkpoint}", f"--input={text}", f"--output={out}",
                      "--format=jsonl", "--batch_size=2")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "sentence 6/6" in done.stderr  # the progress line
@@ -163,7 +163,7 @@ def test_electra_score_command(checkpoint, tmp_path):
     np.testing.assert_allclose([r["score"] for r in rows], [w.score for w in want], atol=1e-4)
     assert rows[0]["tokens"] == want[0].tokens and rows[-1]["score"] == 0.0
 
-    tsv = cli("tools.score", f"--checkpoint={checkpoint}", "--input=-", stdin="the film was great .\n")
+    tsv = cli("electra_tf.tools.score", f"--checkpoint={checkpoint}", "--input=-", stdin="the film was great .\n")
     assert tsv.returncode == 0, tsv.stderr[-2000:]
     score, sentence = tsv.stdout.rstrip("\n").split("\t")
     assert sentence == "the film was great ." and float(score) == pytest.approx(want[0].score, abs=1e-4)
@@ -173,7 +173,7 @@ def test_electra_score_command(checkpoint, tmp_path):
     for args, message in (([f"--input={bad}"], f"{bad}:2: not UTF-8 text"),
                           ([f"--input={tmp_path / 'missing.txt'}"], "cannot read"),
                           ([f"--input={text}", f"--checkpoint={tmp_path}"], "no checkpoint found")):
-        failed = cli("tools.score", f"--checkpoint={checkpoint}", *args)
+        failed = cli("electra_tf.tools.score", f"--checkpoint={checkpoint}", *args)
         assert failed.returncode == 1
         last = failed.stderr.strip().splitlines()[-1]
         assert last.startswith("electra-score: error:") and message in last, failed.stderr[-1000:]
@@ -212,13 +212,13 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
     """electra-export writes the `score` signature of an Electric checkpoint; electra-serve, in
     its own process, answers REST :predict with the library's scores."""
     base = tmp_path / "export"
-    done = cli("tools.export", f"--checkpoint={checkpoint}", f"--export_base={base}",
+    done = cli("electra_tf.tools.export", f"--checkpoint={checkpoint}", f"--export_base={base}",
                "--model_name=electric", "--max_seq_length=32")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "score(text) -> " in done.stdout and (base / "electric/1/saved_model.pb").exists()
     rest = free_port()
     server = subprocess.Popen(
-        [sys.executable, "-m", "tools.serve", f"--model_base_path={base / 'electric'}",
+        [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={base / 'electric'}",
          f"--rest_api_port={rest}", "--port=0", "--file_system_poll_wait_seconds=0"],
         cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -251,12 +251,12 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
 def test_electra_export_explains_what_it_cannot_export(tmp_path, checkpoint):
     empty = tmp_path / "empty"
     empty.mkdir()
-    failed = cli("tools.export", f"--checkpoint={empty}", f"--export_base={tmp_path / 'out'}")
+    failed = cli("electra_tf.tools.export", f"--checkpoint={empty}", f"--export_base={tmp_path / 'out'}")
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last.startswith("electra-export: ") and "no fine-tuned model" in last, failed.stderr
     assert "Electric" in last
-    flag = cli("tools.export", f"--checkpoint={checkpoint}", f"--export_base={tmp_path / 'out'}",
+    flag = cli("electra_tf.tools.export", f"--checkpoint={checkpoint}", f"--export_base={tmp_path / 'out'}",
                "--ids_only")
     assert flag.returncode == 1 and "--ids_only" in flag.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out" / "electra").exists()

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from serving.batching import BatchingParameters, read_batching_parameters
-from serving.server import ModelServer
+from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.server import ModelServer
 
 # One batch thread and a 200 ms window: requests sent together land in one batch.
 WINDOW = BatchingParameters(max_batch_size=16, batch_timeout_micros=200_000, max_enqueued_batches=4, num_batch_threads=1)

@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from serving.server import ModelServer
+from electra_tf.serving.server import ModelServer
 
 MAX_BODY = 64 * 1024
 STATUS_REQUEST = b"GET /v1/models/tiny HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"

@@ -20,10 +20,10 @@ from google.protobuf import text_format
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
 
-from serving.batching import BatchingParameters
-from serving.errors import ServingError
-from serving.json_api import json_to_array
-from serving.server import ModelServer
+from electra_tf.serving.batching import BatchingParameters
+from electra_tf.serving.errors import ServingError
+from electra_tf.serving.json_api import json_to_array
+from electra_tf.serving.server import ModelServer
 
 SEED = 20261126
 MAX_BODY = 64 * 1024

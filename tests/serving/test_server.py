@@ -27,9 +27,9 @@ from tensorflow_serving.apis import (
 )
 from tensorflow_serving.config import model_server_config_pb2
 
-from serving import model_config
-from serving.client import GrpcClient, RestClient, ServingRequestError
-from serving.server import ModelServer
+from electra_tf.serving import model_config
+from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
+from electra_tf.serving.server import ModelServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MAX_BODY = 64 * 1024
@@ -378,7 +378,7 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base, tmp_path):
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch_size { value: 8 }\nnum_batch_threads { value: 1 }\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", "--rest_api_port=0",
+        [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}", "--rest_api_port=0",
          "--port=0", "--file_system_poll_wait_seconds=1", "--rest_idle_timeout_seconds=1",
          "--enable_batching", f"--batching_parameters_file={batching}"],
         cwd=REPO, env=_python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -400,7 +400,7 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base, tmp_path):
         with socket.create_connection(("127.0.0.1", ports["REST"]), timeout=10) as idle:
             assert idle.recv(1) == b""  # closed by the server after --rest_idle_timeout_seconds
         out = subprocess.run(
-            [sys.executable, "-m", "tools.client", f"--server=127.0.0.1:{ports['gRPC']}", "--protocol=grpc",
+            [sys.executable, "-m", "electra_tf.tools.client", f"--server=127.0.0.1:{ports['gRPC']}", "--protocol=grpc",
              "--model_name=tiny", "--text=a b c", "--text_pair=d", "--text=x", "--text_pair="],
             cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=90,
         )
@@ -422,7 +422,7 @@ def test_serve_binary_rejects_a_bad_batching_file(model_base, tmp_path):
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch_size { value: 8 }\nbatch_size { value: 4 }\n")
     out = subprocess.run(
-        [sys.executable, "-m", "tools.serve", f"--model_base_path={model_base}", "--enable_batching",
+        [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}", "--enable_batching",
          f"--batching_parameters_file={batching}"],
         cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=120,
     )

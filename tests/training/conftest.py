@@ -61,7 +61,7 @@ def free_port() -> int:
 
 
 def tiny_flags(data, vocab, model_dir, **extra) -> list[str]:
-    """Command-line flags of a tiny, fast run of tools.pretrain."""
+    """Command-line flags of a tiny, fast run of electra_tf.tools.pretrain."""
     values = dict(config="electra_tiny", data=data, vocab_file=vocab, model_dir=model_dir,
                   max_seq_length=SEQ_LENGTH, train_batch_size=8, num_train_steps=6,
                   num_warmup_steps=2, learning_rate=1e-3, steps_per_loop=2,
@@ -79,12 +79,12 @@ def tiny_flags(data, vocab, model_dir, **extra) -> list[str]:
 
 
 def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
-    """`python -m tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped."""
+    """`python -m electra_tf.tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                     CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
     full_env.pop("TF_CONFIG", None)
     full_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "tools.pretrain", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "electra_tf.tools.pretrain", *args], cwd=REPO,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, **kwargs)
 

@@ -28,14 +28,7 @@ from electra_tf.training import optimizer as optimizer_lib
 from electra_tf.training import pretraining
 from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
 from electra_tf.training.strategy import create_strategy
-
-# float32 summation order differs between one [8, ...] batch and its slices.
-TOLERANCE = dict(rtol=2e-4, atol=2e-6)
-
-
-def config():
-    return ElectraConfig.from_json("electra_tiny").replace(
-        vocab_size=512, hidden_dropout=0.0, attention_dropout=0.0, temperature=1e-7)
+from same_step import TOLERANCE, deterministic_config
 
 
 def data():
@@ -53,12 +46,12 @@ def data():
 def initial_weights():
     # Seeded: an argmax sample is stable against float noise only away from near-ties.
     keras.utils.set_random_seed(0)
-    return ElectraPretrainer(config(), seed=1).get_weights()
+    return ElectraPretrainer(deterministic_config(), seed=1).get_weights()
 
 
 def trainable(initial):
     """The trainable weights, in `trainable_variables` order, of a model set to `initial`."""
-    model = ElectraPretrainer(config(), seed=1)
+    model = ElectraPretrainer(deterministic_config(), seed=1)
     model.set_weights(initial)
     return [v.numpy() for v in model.trainable_variables]
 
@@ -67,7 +60,7 @@ def one_update(strategy, initial, n, make_optimizer):
     """(loss, metrics, trainable weights) after one optimizer step of `make_loop_fn` on data()
     with n micro-batches."""
     with strategy.scope():
-        model = ElectraPretrainer(config(), seed=1)
+        model = ElectraPretrainer(deterministic_config(), seed=1)
         model.set_weights(initial)
         model.optimizer = make_optimizer()
         model.optimizer.build(model.trainable_variables)
@@ -113,7 +106,7 @@ def test_micro_batches_give_the_whole_batch_update(strategy_name, n, initial_wei
 def test_averaging_the_micro_batches_own_means_would_be_caught(initial_weights, whole_batch):
     """The naive accumulation (mean of the slices' own normalised losses) differs from the whole
     batch by more than TOLERANCE on these uneven slices: the test above can fail."""
-    model = ElectraPretrainer(config(), seed=1)
+    model = ElectraPretrainer(deterministic_config(), seed=1)
     model.set_weights(initial_weights)
     batch = data()
     seed = tf.constant([1, 0], tf.int64)

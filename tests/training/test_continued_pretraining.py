@@ -21,6 +21,7 @@ import tensorflow as tf
 from electra_tf.config import ConfigError
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import from_pretrained, save_electra_checkpoint
+from electra_tf.data import pipeline
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import pretraining, run_setup
 from electra_tf.training.strategy import create_strategy
@@ -98,7 +99,7 @@ def test_step_0_of_a_continued_run_has_the_checkpoints_loss_and_a_rerun_resumes(
     source = weights_by_path(loaded)
     for variable in reference.trainable_variables:
         variable.assign(source[variable.path])
-    batch = next(iter(pretraining.resumable_dataset_fn(
+    batch = next(iter(pipeline.dataset_fn(
         pretrain_shards, 8, 32, seed=5, shuffle_buffer=64)(tf.distribute.InputContext())))
     out = reference.compute_objective(batch, tf.constant([5, 0], tf.int64), training=True)
     np.testing.assert_allclose(result.metrics["loss"], float(out["loss"]), rtol=1e-5)

@@ -7,8 +7,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
-from electra_tf.convert.pretrained import detect_format, from_pretrained, holds_generator
+from electra_tf.convert.common import ConversionError
+from electra_tf.convert.pretrained import detect_format, from_pretrained, holds_generator, load_pretrained
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import pretraining
 
@@ -27,7 +29,7 @@ def _run_weights(model_dir) -> ElectraPretrainer:
 
 
 def _convert(*args) -> str:
-    proc = subprocess.run([sys.executable, "-m", "tools.convert", *args], cwd=pretraining_repo(),
+    proc = subprocess.run([sys.executable, "-m", "electra_tf.tools.convert", *args], cwd=pretraining_repo(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -69,3 +71,9 @@ def test_a_pretraining_run_converts_in_one_command(pretrain_shards, pretrain_voc
     disc, config, _ = from_pretrained(model_dir, "discriminator")
     assert config.vocab_size == run.config.vocab_size
     np.testing.assert_array_equal(disc.get_weights()[0], run.discriminator.get_weights()[0])
+    # A given step's checkpoint (the replication study exports several of one run).
+    step = int(pretraining.checkpoint_prefixes(model_dir)[0].rsplit("-", 1)[1])
+    at_step = load_pretrained(model_dir, "discriminator", step=step).model
+    np.testing.assert_array_equal(at_step.get_weights()[0], run.discriminator.get_weights()[0])
+    with pytest.raises(ConversionError, match=f"no checkpoint of step {step + 1} "):
+        load_pretrained(model_dir, "discriminator", step=step + 1)

@@ -59,7 +59,7 @@ def test_electric_pretrains_from_shards_and_converts_to_tf1_and_back(
     assert report.counts() == {"mapped": len(distinct_weights), "ignored": 0, "missing": 0,
                                "unknown": 0}
 
-    loaded, _, back, _ = tf1.load_tf1_model(tmp_path / "tf1", kind="pretrainer",
+    loaded, _, back, _ = tf1.load_tf1_model(tmp_path / "tf1", network="pretrainer",
                                             config=model.config)
     print(back)
     assert back.counts() == {"mapped": len(names), "ignored": 1, "missing": 0, "unknown": 0}

@@ -1,7 +1,7 @@
 """The pretraining loop and the electra-pretrain binary, on real shards and real processes.
 
 In-process tests use the two logical CPUs of tests/conftest.py; resume, multi-worker and the
-TPU failure run `python -m tools.pretrain` (or a worker script) as real subprocesses, with real
+TPU failure run `python -m electra_tf.tools.pretrain` (or a worker script) as real subprocesses, with real
 signals, on 127.0.0.1.
 """
 

@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
+from electra_tf.data import pipeline
 from electra_tf.training import pretraining
 from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
 
@@ -145,9 +146,8 @@ def test_a_resume_with_skipped_records_starts_where_the_stream_was(tmp_path, pre
     context = tf.distribute.InputContext()
 
     def batches(start_step, n):
-        fn = pretraining.resumable_dataset_fn(pattern, 8, th.seq_length, seed=3,
-                                              start_step=start_step, shuffle_buffer=64,
-                                              skip_corrupt=True)
+        fn = pipeline.dataset_fn(pattern, 8, th.seq_length, seed=3, start_step=start_step,
+                                 shuffle_buffer=64, skip_corrupt=True)
         return [b["input_ids"].numpy() for b in fn(context).take(n)]
 
     straight = batches(0, 300)  # an epoch is ~175 batches: this crosses into the second

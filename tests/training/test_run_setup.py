@@ -19,7 +19,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ConfigError, ElectraConfig
-from electra_tf.data import pretraining_data
+from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import pretraining, run_setup
@@ -35,7 +35,7 @@ def learned_ids(vocab_file) -> dict:
 
 
 def first_batch(pattern, seq_length, size=64):
-    dataset = pretraining.resumable_dataset_fn(pattern, size, seq_length)(
+    dataset = pipeline.dataset_fn(pattern, size, seq_length)(
         tf.distribute.InputContext())
     return next(iter(dataset))
 
@@ -173,7 +173,7 @@ def test_the_binary_needs_neither_vocab_nor_length_with_a_manifest(pretrain_shar
 
 def test_the_binarys_choices_are_the_librarys(th):
     """tools/pretrain.py spells the choices out (its --help imports no TensorFlow)."""
-    check = ("import tools.pretrain as t; from electra_tf.training import pretraining as p, "
+    check = ("import electra_tf.tools.pretrain as t; from electra_tf.training import pretraining as p, "
              "strategy as s; "
              "assert t.STRATEGIES == s.STRATEGIES, t.STRATEGIES; "
              "assert t.OPTIMIZERS == p.OPTIMIZERS, t.OPTIMIZERS; "

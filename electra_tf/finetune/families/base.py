@@ -13,7 +13,7 @@ featurize, prediction module, scorer); so do we. A family owns, for every task o
   and the exported SavedModel's text signature (`serving_signature`, `ids_shape`).
 
 A `Task` (`task_data.py`: name, labels, columns, splits) names its family; `FAMILIES` maps the
-name to the class. The fine-tuning loop (`trainer.py`) and the exporter (`serving/export.py`)
+name to the class. The fine-tuning loop (`trainer.py`) and the exporter (`export.py`)
 call these methods and never ask which family they hold.
 
 Importing this package does not import Keras or TensorFlow (a `Task` checks its family here):
@@ -58,7 +58,7 @@ class Features:
     """A set of examples featurized for the model.
 
     examples: the examples, in order.
-    arrays: numpy [N, ...]: the head's inputs (`heads.INPUT_KEYS`) and, for labelled examples,
+    arrays: numpy [N, ...]: the head's inputs (`data.inputs.INPUT_KEYS`) and, for labelled examples,
       its labels (N windows for QA, N examples otherwise).
     extra: what maps the outputs back to the examples: QA windows, tagging word positions.
     """
@@ -186,7 +186,7 @@ class TaskFamily:
 
     def serving_signature(self, head, model, pre):
         """(function, input specs) of the SavedModel's `serving_default`: raw text in, packed
-        by `pre` (`serving.export.ServingPreprocessor`) as `featurize` packs it.
+        by `pre` (`export.ServingPreprocessor`) as `featurize` packs it.
 
         `model` is the `config.FinetunedModelConfig`. The function must be named `serve_text`
         (tests read its traced graph by that name)."""

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.finetune import features as F
 from electra_tf.finetune import task_data
 from electra_tf.finetune.families.base import Features, TaskFamily, register_family, softmax
@@ -77,10 +78,10 @@ class MultipleChoice(TaskFamily):
         pairs = [SentenceExample(0, e.context, choice) for e in examples for choice in e.choices]
         flat = F.featurize_sentences(pairs, tokenizer, fc.max_seq_length)  # [sum of choices, L]
         shape = (len(examples), max(len(e.choices) for e in examples), fc.max_seq_length)
-        arrays = {key: np.zeros(shape, np.int32) for key in F.INPUT_KEYS}
+        arrays = {key: np.zeros(shape, np.int32) for key in INPUT_KEYS}
         first = 0
         for i, example in enumerate(examples):
-            for key in F.INPUT_KEYS:
+            for key in INPUT_KEYS:
                 arrays[key][i, : len(example.choices)] = flat[key][first:first + len(example.choices)]
             first += len(example.choices)
         arrays["label"] = np.array([-1 if e.label is None else e.label for e in examples], np.int32)

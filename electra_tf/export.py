@@ -6,7 +6,7 @@ saved (`saving.load_finetuned`: the head, its `FinetunedModelConfig` from `head_
 `keras.export.ExportArchive`, `export_base/model_name/VERSION/` (the next free integer unless
 `version` is given; an existing version is never overwritten). The SavedModel is written to a
 hidden folder of `export_base` and renamed into place, so a server watching `BASE/NAME` never
-sees half a model (reference/serving.md: new version folders are picked up while serving).
+sees half a model (TF Serving's serving_config.md: new version folders are picked up while serving).
 
 Signatures (every input and output has the batch first). The text signature is the task
 family's (`finetune/families/`, `TaskFamily.serving_signature`); this module writes it:
@@ -75,11 +75,11 @@ from typing import Any, Mapping
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from electra_tf.data.tokenizer import MAX_BYTES_PER_WORD, WordpieceTokenizer
+from electra_tf.data.inputs import INPUT_KEYS
+from electra_tf.data.tokenizer import WORDPIECE_OPTIONS, WordpieceTokenizer
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.config import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
-from electra_tf.finetune.features import INPUT_KEYS
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
@@ -143,7 +143,7 @@ TF_TEXT_OP_INTRODUCED = {
     "TFText>Utf8Binarize": "2.13.0",  # core/kernels/utf8_binarize_kernel_template.h
 }
 
-# TF Serving release -> the TF Text it links, oldest first (reference/serving.md).
+# TF Serving release -> the TF Text its Bazel workspace pins and links, oldest first.
 TF_SERVING_TF_TEXT = (
     ("2.11", "2.8.2"),
     ("2.12.0", "2.12.1"),  # 2.12.0 to 2.19.1 all bundle 2.12.1
@@ -218,15 +218,7 @@ class ServingTokenizer(WordpieceTokenizer):
 
     def __init__(self, vocab_file, lower_case: bool = True):
         super().__init__(vocab_file, lower_case)
-        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(
-            vocab=self.vocab,
-            suffix_indicator="##",
-            max_bytes_per_word=MAX_BYTES_PER_WORD,
-            token_out_type=tf.int64,
-            unknown_token="[UNK]",
-            no_pretokenization=False,  # split on whitespace and punctuation, as BERT does
-            support_detokenization=False,
-        )
+        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(vocab=self.vocab, **WORDPIECE_OPTIONS)
 
 
 def _keep_first(ragged: tf.RaggedTensor, counts) -> tf.RaggedTensor:
