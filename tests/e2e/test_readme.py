@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.readme_commands import ROOT, program_and_flags, sh_commands
+from tests.server_process import serving
 
 SCRIPTS = dict(re.findall(r'"(electra-[a-z-]+)=electra_tf\.tools\.(\w+):run"', (ROOT / "setup.py").read_text()))
 
@@ -175,24 +176,11 @@ def test_the_readme_command_blocks_run_as_written(tmp_path):
     import shlex
 
     words = shlex.split(serve)
-    server = subprocess.Popen(_program(words[0]) + words[1:], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{rest}/v1/models/electra_rt"
-        for _ in range(240):
-            try:
-                if b"AVAILABLE" in urllib.request.urlopen(url, timeout=1).read():
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError("electra-serve did not come up")
+    url = f"http://127.0.0.1:{rest}/v1/models/electra_rt"
+    with serving(_program(words[0]) + words[1:], url, cwd=work, env=env):
         body, target = re.search(r"-d '(.*)' (\S+)", curl).groups()
         answer = json.loads(urllib.request.urlopen(
             urllib.request.Request(target, data=body.encode()), timeout=30).read())
         assert answer["predictions"][0]["label"] in ("negative", "positive")
         out = _run(client, work, env)
         assert '"label"' in out
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np
@@ -21,6 +20,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.models import Discriminator, ElectraPretrainer
 from electra_tf.scoring import Scorer, ScoringError, export_scorer, progress_logger, score_texts
+from tests.server_process import serving
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORDS = ("the film was great and i liked it a lot but plot acting is bad . , ! "
@@ -217,27 +217,15 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
     assert done.returncode == 0, done.stderr[-2000:]
     assert "score(text) -> " in done.stdout and (base / "electric/1/saved_model.pb").exists()
     rest = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={base / 'electric'}",
-         f"--rest_api_port={rest}", "--port=0", "--file_system_poll_wait_seconds=0"],
-        cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES=""),
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        url = f"http://127.0.0.1:{rest}/v1/models/electric"
-        for _ in range(240):
-            try:
-                if b"AVAILABLE" in urllib.request.urlopen(url, timeout=1).read():
-                    break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            raise AssertionError("electra-serve did not come up")
+    url = f"http://127.0.0.1:{rest}/v1/models/electric"
+    command = [sys.executable, "-m", "electra_tf.tools.serve", f"--rest_api_port={rest}",
+               f"--model_base_path={base / 'electric'}", "--port=0",
+               "--file_system_poll_wait_seconds=0"]
+    with serving(command, url, cwd=REPO,
+                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")):
         body = json.dumps({"signature_name": "score", "instances": SENTENCES}).encode()
         answer = json.loads(urllib.request.urlopen(
             urllib.request.Request(url + ":predict", data=body), timeout=60).read())
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
     want = score_texts(checkpoint, SENTENCES)
     got = answer["predictions"]
     np.testing.assert_allclose([p["score"] for p in got], [w.score for w in want], atol=1e-4)
