@@ -7,6 +7,8 @@ fine-tunes the pretrained and a randomly initialised encoder with 3 seeds each; 
 whole chain in a couple of minutes. Rerunning reuses the finished stages.
 """
 
+import sys
+
 from absl import app, flags
 
 from electra_tf import cli, demo
@@ -19,7 +21,10 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of every stage.")
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    demo.run(demo.DemoConfig(workdir=_WORKDIR.value, scale=_SCALE.value, seed=_SEED.value))
+    try:
+        demo.run(demo.DemoConfig(workdir=_WORKDIR.value, scale=_SCALE.value, seed=_SEED.value))
+    except ValueError as e:  # e.g. a --workdir left by another run (the message names it)
+        sys.exit(f"electra_tf.tools.demo: {e}")
 
 
 def run():

@@ -9,6 +9,7 @@ See electra_tf/replication.py for the protocol. Rerunning reuses finished runs.
 """
 
 import json
+import sys
 
 from absl import app, flags
 
@@ -66,7 +67,10 @@ def main(argv):
             model_overrides=_pairs(_OVERRIDE.value, "override"), seed=_SEED.value)
     except (TypeError, ValueError) as e:
         raise app.UsageError(str(e)) from None
-    replication.run(config)
+    try:
+        replication.run(config)
+    except ValueError as e:  # bad or mismatched data in --workdir (each names the file)
+        sys.exit(f"electra_tf.tools.replicate: {e}")
 
 
 def run():

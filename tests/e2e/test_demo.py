@@ -53,3 +53,12 @@ def test_demo_runs_end_to_end_and_served_answers_match(tmp_path):
     again = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stdout.count("reusing") >= 5
+    # Another seed in the same workdir: one line naming the folder and what differs, no
+    # traceback, and the finished run's files untouched.
+    before = (workdir / "summary.json").read_bytes()
+    other = subprocess.run(cmd + ["--seed=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    last = other.stderr.strip().splitlines()[-1]
+    assert last.startswith("electra_tf.tools.demo: ") and str(workdir) in last and "seed" in last
+    assert (workdir / "summary.json").read_bytes() == before

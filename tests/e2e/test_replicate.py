@@ -47,6 +47,14 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
 
     image = matplotlib.image.imread(png)
     assert image.shape[0] > 300 and image.shape[1] > 500 and image.std() > 0
+    # The same workdir with another seed: one line naming what differs, no traceback.
+    before = (workdir / "results.json").read_bytes()
+    other = subprocess.run(cmd + ["--seed=1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert other.returncode == 1 and "Traceback" not in other.stderr, other.stderr[-3000:]
+    last = other.stderr.strip().splitlines()[-1]
+    assert last.startswith("electra_tf.tools.replicate: ") and "seed" in last, last
+    assert (workdir / "results.json").read_bytes() == before
 
 
 def test_table_verdicts_follow_the_numbers():
