@@ -134,7 +134,7 @@ def run(cfg: ReplicationConfig) -> dict:
             accuracies = [r["best"]["accuracy"] for r in results["runs"]]
             runs.append({"variant": variant, "step": step, "pretrain_flops": step * flops_per_step,
                          "accuracies": accuracies})
-            print(f"{LABELS[variant]} @ step {step}: dev accuracy median "
+            print(f"{LABELS[variant]} @ step {step}: {SPLIT_LABELS[cfg.eval_split]} accuracy median "
                   f"{statistics.median(accuracies):.2f} over {len(accuracies)} seeds", flush=True)
     results = {"config": dataclasses.asdict(cfg), "plan": plan, "runs": runs}
     Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")

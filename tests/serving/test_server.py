@@ -395,6 +395,8 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base, tmp_path):
             if m:
                 ports[m.group(1)] = int(m.group(2))
         assert len(ports) == 2, "".join(lines)
+        cores = os.cpu_count()  # one batch thread: its calls may use every core
+        assert f"TensorFlow threads: {cores} per op (1 model calls at once on {cores} cores)" in "".join(lines)
         client = RestClient("127.0.0.1", ports["REST"], "tiny")
         assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
         with socket.create_connection(("127.0.0.1", ports["REST"]), timeout=10) as idle:
@@ -429,3 +431,24 @@ def test_serve_binary_rejects_a_bad_batching_file(model_base, tmp_path):
     assert out.returncode != 0
     assert f'{batching}: 2:1 : Message type "tensorflow.serving.BatchingParameters" has no field named "batch_size"' in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_intra_op_threads_share_the_cores_between_concurrent_model_calls():
+    from electra_tf.tools.serve import intra_op_threads
+
+    assert intra_op_threads(0, concurrent_calls=2, cores=2) == 1  # the default server on 2 cores
+    assert intra_op_threads(0, concurrent_calls=1, cores=8) == 8
+    assert intra_op_threads(0, concurrent_calls=3, cores=8) == 2
+    assert intra_op_threads(0, concurrent_calls=16, cores=8) == 1
+    assert intra_op_threads(4, concurrent_calls=2, cores=2) == 4  # an explicit value wins
+
+
+def test_serve_binary_rejects_negative_thread_counts():
+    for flag in ("--tensorflow_intra_op_parallelism=-1", "--tensorflow_inter_op_parallelism=-2"):
+        out = subprocess.run(
+            [sys.executable, "-m", "electra_tf.tools.serve", "--model_base_path=/nonexistent", flag],
+            cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=120,
+        )
+        assert out.returncode != 0
+        assert f"{flag.split('=')[0]} must be >= 0" in out.stderr
+        assert "Traceback" not in out.stderr
