@@ -144,6 +144,11 @@ class ModelServer:
     def model_names(self) -> list[str]:
         return list(self.manager.configs)
 
+    @property
+    def concurrent_model_calls(self) -> int:
+        """Model calls that may run at once: num_batch_threads with batching, else model_threads."""
+        return self.batching.num_batch_threads if self.batching else self._model_threads
+
     def start(self) -> "ModelServer":
         """Load the current versions, then open the ports. Returns self."""
         self.manager.poll()

@@ -396,7 +396,8 @@ def test_serve_binary_starts_answers_and_stops_on_sigterm(model_base, tmp_path):
                 ports[m.group(1)] = int(m.group(2))
         assert len(ports) == 2, "".join(lines)
         cores = os.cpu_count()  # one batch thread: its calls may use every core
-        assert f"TensorFlow threads: {cores} per op (1 model calls at once on {cores} cores)" in "".join(lines)
+        # read back from TensorFlow after setting it
+        assert f"TensorFlow threads: {cores} per op, default inter-op (1 model calls at once on {cores} cores)" in "".join(lines)
         client = RestClient("127.0.0.1", ports["REST"], "tiny")
         assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
         with socket.create_connection(("127.0.0.1", ports["REST"]), timeout=10) as idle:
