@@ -58,7 +58,7 @@ class ReplicationConfig:
         if self.eval_split not in ("dev", "tune"):
             raise ValueError(f"ReplicationConfig.eval_split: 'dev' or 'tune', got {self.eval_split!r}")
         recipe_fields = {"pretrain_learning_rate", "pretrain_adam_beta_2", "pretrain_warmup_fraction",
-                         "pretrain_batch_size"}
+                         "pretrain_batch_size", "vocab_size"}
         unknown = {k for k, _ in self.recipe} - recipe_fields
         if unknown:
             raise ValueError(f"ReplicationConfig.recipe: unknown {sorted(unknown)}; "

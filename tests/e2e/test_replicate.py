@@ -73,3 +73,11 @@ def test_table_verdicts_follow_the_numbers():
     runs.append(run("mlm", [75.5, 76.0, 77.0], step=200))
     table = results_table(runs)
     assert "ELECTRA's median above MLM's maximum at equal compute: no (75.00 vs 77.00)" in table
+
+
+def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
+    from electra_tf.replication import ReplicationConfig
+
+    assert ReplicationConfig(recipe=(("vocab_size", 30522),)).demo_config().vocab_size == 30522
+    with pytest.raises(ValueError, match=r"recipe: unknown \['max_seq_length'\]"):
+        ReplicationConfig(recipe=(("max_seq_length", 128),))
