@@ -28,8 +28,13 @@ def test_demo_runs_end_to_end_and_served_answers_match(tmp_path):
     export = Path(summary["export"])
     assert (export / "saved_model.pb").exists() and export.parent.name == "electra_rt"
     assert summary["pretraining"]["steps"] >= 20
-    # 40 steps teach the generator more than a uniform guess over the 8,000-token vocabulary.
+    # 60 steps teach the generator more than a uniform guess over the 8,000-token vocabulary.
     assert summary["pretraining"]["final_metrics"]["mlm_loss"] < math.log(8000) - 0.5
+    # The demo's recipe: a same-size generator with every weight tied (paper, Section 3.2).
+    record = json.loads((Path(summary["pretraining"]["model_dir"]) / "pretraining_config.json")
+                        .read_text())
+    assert (record["model_config"]["generator_hidden_size"],
+            record["model_config"]["embedding_sharing"]) == (1.0, "all")
     # Both encoders, every seed's number, and the spread computed from them.
     accuracy = summary["rotten_tomatoes_dev_accuracy"]
     for name in ("pretrained", "random_init"):
