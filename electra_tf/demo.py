@@ -61,11 +61,11 @@ class DemoConfig:
     # A run of a few thousand steps is not the paper's 1M. At the paper's peak (5e-4, no Adam bias
     # correction) with a warmup of a few dozen steps every token's representation collapses to one
     # vector within ~20 steps (README, "Short pretraining runs"); Adam beta_2 = 0.98 and a warmup
-    # of ~1,000 steps avoid that. Then the discriminator sits on a plateau: for the first ~5,000
-    # steps at batch 32 it detects replacements by token identity alone (AUC ~0.56, loss at the
-    # base rate's entropy) and only then starts to use context; the fine-tuning gain appears with
-    # that escape (README, "Demo recipe"). Peak 3e-4 at batch 32 escaped on the held-out
-    # measurements; lower peaks (1e-4, 2e-4) had not escaped by 8,000 steps.
+    # of a few hundred steps avoid that. Then the discriminator sits on a plateau: for the first
+    # ~5,000 steps at batch 32 it detects replacements by token identity alone (AUC ~0.56, loss at
+    # the base rate's entropy) and only then starts to use context. With the 1/4-wide generator
+    # peak 3e-4 left the plateau and lower peaks (1e-4, 2e-4) had not by 8,000 steps; leaving it
+    # gained no more than 2 points (README, "Demo recipe").
     pretrain_learning_rate: float = 3e-4
     pretrain_warmup_fraction: float = 0.06
     pretrain_adam_beta_2: float = 0.98
