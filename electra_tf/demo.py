@@ -229,7 +229,7 @@ def _check_same_run(model_dir: str, config, overrides: dict) -> None:
 
 def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *,
                              init_checkpoint: str | None, num_seeds: int | None = None,
-                             eval_split: str = "dev") -> dict:
+                             eval_split: str = "dev", model_overrides: dict | None = None) -> dict:
     """Fine-tunes on Rotten Tomatoes with seeds seed, seed+1, ...; returns the results.json of
     `run_seeds` (per-seed accuracy under runs[i]["best"], their median under summary/accuracy).
 
@@ -237,7 +237,9 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     the trained model once; picking the best epoch on the reported split would tune on it).
     eval_split "dev": train on the training split, score on dev (deterministic sha1 split, see
     corpus.py). "tune": train on ~85% of the training split and score on the other ~15%, for
-    choosing recipes without looking at dev.
+    choosing recipes without looking at dev. `model_overrides` change the demo model's config of
+    a randomly initialised encoder (so that it has the shape of the pretrained one it is
+    compared with).
     """
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
     from electra_tf.finetune.trainer import run_seeds
@@ -251,7 +253,8 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     train, evaluation = (("train", "dev") if eval_split == "dev" else ("tune_train", "tune_eval"))
     overrides = {"learning_rate": cfg.finetune_learning_rate, "keep_best": False,
                  "num_train_epochs": cfg.finetune_epochs, "max_seq_length": cfg.max_seq_length}
-    random_init = model_config(vocab_file) if init_checkpoint is None else None
+    random_init = model_config(vocab_file, **(model_overrides or {})) \
+        if init_checkpoint is None else None
     return run_seeds("rotten_tomatoes", random_init, overrides, model_dir=model_dir,
                      num_seeds=num_seeds or cfg.num_finetune_seeds, seed=cfg.seed,
                      init_checkpoint=init_checkpoint, vocab_file=vocab_file,

@@ -110,11 +110,12 @@ def run(cfg: ReplicationConfig) -> dict:
     finetune_cfg = dataclasses.replace(
         dcfg, scale=1.0 if cfg.finetune_examples is None else min(1.0, cfg.finetune_examples / 7684))
     runs = []
-    # Zero compute: the same fine-tuning from random initialisation.
+    # Zero compute: the same fine-tuning from random initialisation, of the same shape.
     print("\n=== random initialisation (no pretraining) ===", flush=True)
     results = demo.finetune_rotten_tomatoes(
         finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_random_{cfg.eval_split}"),
-        init_checkpoint=None, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split)
+        init_checkpoint=None, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split,
+        model_overrides=dict(cfg.model_overrides))
     runs.append({"variant": "random_init", "step": 0, "pretrain_flops": 0,
                  "accuracies": [r["best"]["accuracy"] for r in results["runs"]]})
     for variant in cfg.variants:

@@ -17,7 +17,7 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     workdir = tmp_path / "replication"
     cmd = [sys.executable, "-m", "electra_tf.tools.replicate", f"--workdir={workdir}", "--electra_steps=10",
            "--num_points=1", "--num_seeds=2", "--finetune_examples=256", "--finetune_epochs=1",
-           "--corpus_scale=0.008", "--eval_split=tune",
+           "--corpus_scale=0.008", "--eval_split=tune", "--override=num_layers=1",
            "--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm,electric"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -41,6 +41,12 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     assert "| Electric |" in table
     assert "RT held-out train acc. median" in table  # scored on the tuning slice, not dev
     assert (workdir / "finetune_random_tune" / "results.json").exists()
+    # --override shapes every pretrained model and the random-init one they are compared with.
+    for model_config in [*workdir.glob("pretrain_*/pretraining_config.json"),
+                         *workdir.glob("finetune_random_tune/seed_*/best/config.json")]:
+        config = json.loads(model_config.read_text())
+        assert config.get("model_config", config)["num_layers"] == 1, model_config
+    assert len(list(workdir.glob("finetune_random_tune/seed_*/best/config.json"))) == 2
     png = workdir / "accuracy_vs_compute.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
