@@ -46,7 +46,8 @@ class DemoConfig:
     workdir: str = "runs/demo"
     scale: float = 1.0
     max_seq_length: int = 64
-    vocab_size: int = 8000
+    vocab_size: int = 8000  # an upper bound: the learner keeps only words seen often enough
+    vocab_documents_at_scale_1: int = 4000  # reviews the vocabulary is learned from
     pretrain_batch_size: int = 32
     pretrain_steps_at_scale_1: int = 6000  # ~12 minutes at ~8 steps/s on 2 cores
     # The generator as wide as the discriminator, every weight tied between the two: the paper's
@@ -85,7 +86,8 @@ class DemoConfig:
 
     @property
     def vocab_documents(self) -> int:
-        return max(200, min(4000, int(4000 * self.scale)))
+        n = self.vocab_documents_at_scale_1
+        return max(200, min(n, int(n * self.scale)))
 
     @property
     def pretrain_steps(self) -> int:
@@ -151,7 +153,7 @@ def build_vocab(cfg: DemoConfig, corpus_file: str) -> str:
           flush=True)
     vocab = tokenizer.learn_vocab(lines, cfg.vocab_size)
     tokenizer.write_vocab(vocab, path)
-    print(f"{len(vocab)} tokens in {time.time() - start:.0f}s -> {path}")
+    print(f"{len(vocab)} tokens (of at most {cfg.vocab_size}) in {time.time() - start:.0f}s -> {path}")
     return path
 
 

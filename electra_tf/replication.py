@@ -58,7 +58,7 @@ class ReplicationConfig:
         if self.eval_split not in ("dev", "tune"):
             raise ValueError(f"ReplicationConfig.eval_split: 'dev' or 'tune', got {self.eval_split!r}")
         recipe_fields = {"pretrain_learning_rate", "pretrain_adam_beta_2", "pretrain_warmup_fraction",
-                         "pretrain_batch_size", "vocab_size"}
+                         "pretrain_batch_size", "vocab_size", "vocab_documents_at_scale_1"}
         unknown = {k for k, _ in self.recipe} - recipe_fields
         if unknown:
             raise ValueError(f"ReplicationConfig.recipe: unknown {sorted(unknown)}; "
@@ -102,7 +102,7 @@ def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -
 
 
 def run(cfg: ReplicationConfig) -> dict:
-    dcfg = cfg.demo_config()
+    dcfg = cfg.demo_config()  # its data and recipe; the models come from cfg.model_overrides
     corpus_file = demo.build_corpus(dcfg)
     vocab_file = demo.build_vocab(dcfg, corpus_file)
     shards = demo.build_shards(dcfg, corpus_file, vocab_file)

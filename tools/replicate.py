@@ -34,7 +34,7 @@ _CORPUS = flags.DEFINE_float("corpus_scale", 1.0, "Fraction of the IMDB reviews 
 _RECIPE = flags.DEFINE_list(
     "recipe", [], "Pretraining recipe changes, e.g. pretrain_learning_rate=2e-4 (fields of "
     "electra_tf.demo.DemoConfig: pretrain_learning_rate, pretrain_adam_beta_2, "
-    "pretrain_warmup_fraction, pretrain_batch_size, vocab_size).")
+    "pretrain_warmup_fraction, pretrain_batch_size, vocab_size, vocab_documents_at_scale_1).")
 _OVERRIDE = flags.DEFINE_list(
     "override", [], "Demo model config changes, e.g. mask_prob=0.25,generator_hidden_size=0.125.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of pretraining and the first fine-tuning run.")

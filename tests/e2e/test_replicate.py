@@ -84,6 +84,8 @@ def test_table_verdicts_follow_the_numbers():
 def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
     from electra_tf.replication import ReplicationConfig
 
-    assert ReplicationConfig(recipe=(("vocab_size", 30522),)).demo_config().vocab_size == 30522
+    demo = ReplicationConfig(recipe=(("vocab_size", 30522), ("vocab_documents_at_scale_1", 25000))
+                             ).demo_config()
+    assert (demo.vocab_size, demo.vocab_documents) == (30522, 25000)
     with pytest.raises(ValueError, match=r"recipe: unknown \['max_seq_length'\]"):
         ReplicationConfig(recipe=(("max_seq_length", 128),))
