@@ -50,15 +50,16 @@ class DemoConfig:
     vocab_documents_at_scale_1: int = 4000  # reviews the vocabulary is learned from
     pretrain_batch_size: int = 32
     pretrain_steps_at_scale_1: int = 6000  # ~12 minutes at ~8 steps/s on 2 cores
-    # The generator as wide as the discriminator, every weight tied between the two: the paper's
-    # Section 3.2 option ("tying all encoder weights", GLUE 84.4 against 84.3 for tied embeddings
-    # only; the authors' `untied_generator=False`). On the held-out slice it gained 2.4 points
-    # over random initialisation at 6,000 steps, against at most 2.0 for the 1/4-wide generator
-    # with tied embeddings (configs/electra_demo.json) anywhere up to 45,000 steps: at this
-    # compute the discriminator sits on its plateau, and the masked-LM loss on the shared layers
-    # is what transfers (README, "Demo recipe").
-    generator_hidden_size: float = 1.0
-    embedding_sharing: str = "all"
+    # Changes to the demo model (`configs/electra_demo.json`), given to the pretrained encoder and
+    # to the randomly initialised one it is compared with, so that the two have one shape.
+    # Default: the generator as wide as the discriminator, every weight tied between the two: the
+    # paper's Section 3.2 option ("tying all encoder weights", GLUE 84.4 against 84.3 for tied
+    # embeddings only; the authors' `untied_generator=False`). On the held-out slice it gained 2.4
+    # points over random initialisation at 6,000 steps, against at most 2.0 for the 1/4-wide
+    # generator with tied embeddings (configs/electra_demo.json) anywhere up to 45,000 steps: at
+    # this compute the discriminator sits on its plateau, and the masked-LM loss on the shared
+    # layers is what transfers (README, "Demo recipe").
+    model_overrides: tuple = (("generator_hidden_size", 1.0), ("embedding_sharing", "all"))
     # A run of a few thousand steps is not the paper's 1M. At the paper's peak (5e-4, no Adam bias
     # correction) with a warmup of a few dozen steps every token's representation collapses to one
     # vector within ~20 steps (README, "Short pretraining runs"); Adam beta_2 = 0.98 and a warmup
@@ -79,6 +80,10 @@ class DemoConfig:
     def __post_init__(self):
         if not 0 < self.scale <= 10:
             raise ValueError(f"DemoConfig.scale: must be in (0, 10], got {self.scale}")
+        if self.model_overrides:  # unknown or ill-typed fields fail here, before any work
+            from electra_tf.config import ElectraConfig
+
+            ElectraConfig.from_json(MODEL_CONFIG).replace(**dict(self.model_overrides))
 
     @property
     def num_documents(self) -> int:  # IMDB has 25,000 reviews
@@ -355,10 +360,11 @@ def run(cfg: DemoConfig) -> dict:
     t = _stage("2/6 pretraining shards")
     shards = build_shards(cfg, corpus_file, vocab_file)
     timings["shards"] = time.time() - t
-    t = _stage(f"3/6 pretraining ELECTRA ({MODEL_CONFIG}, generator {cfg.generator_hidden_size:g} "
-               f"wide, embedding_sharing={cfg.embedding_sharing}, {cfg.pretrain_steps} steps)")
-    pretrained = pretrain(cfg, shards, vocab_file, generator_hidden_size=cfg.generator_hidden_size,
-                          embedding_sharing=cfg.embedding_sharing)
+    overrides = dict(cfg.model_overrides)
+    shape = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    t = _stage(f"3/6 pretraining ELECTRA ({MODEL_CONFIG}{' with ' + shape if shape else ''}, "
+               f"{cfg.pretrain_steps} steps)")
+    pretrained = pretrain(cfg, shards, vocab_file, **overrides)
     timings["pretrain"] = time.time() - t
     seeds = cfg.num_finetune_seeds
     t = _stage(f"4/6 fine-tuning on Rotten Tomatoes, {seeds} seeds from the pretrained encoder, "
@@ -369,7 +375,8 @@ def run(cfg: DemoConfig) -> dict:
     accuracy = {
         "pretrained": seed_accuracies(pretrained_runs),
         "random_init": seed_accuracies(finetune_rotten_tomatoes(
-            cfg, vocab_file, cfg.path("finetune_random"), init_checkpoint=None)),
+            cfg, vocab_file, cfg.path("finetune_random"), init_checkpoint=None,
+            model_overrides=overrides)),
     }
     accuracy.update(comparison(accuracy["pretrained"], accuracy["random_init"]))
     timings["finetune"] = time.time() - t
@@ -386,7 +393,7 @@ def run(cfg: DemoConfig) -> dict:
     summary = {
         "workdir": cfg.workdir, "scale": cfg.scale, "vocab": vocab_file, "shards": shards,
         "pretraining": {"model_dir": os.path.dirname(pretrained["discriminator"]),
-                        "steps": pretrained["steps"],
+                        "steps": pretrained["steps"], "model_overrides": overrides,
                         "final_metrics": {k: round(v, 4) for k, v in pretrained["metrics"].items()}},
         "rotten_tomatoes_dev_accuracy": accuracy,
         "finetuning": {"epochs": cfg.finetune_epochs, "learning_rate": cfg.finetune_learning_rate,

@@ -73,7 +73,7 @@ class RankingConfig:
             max_seq_length=self.max_seq_length, vocab_size=self.vocab_size,
             pretrain_batch_size=self.batch_size, pretrain_learning_rate=self.learning_rate,
             pretrain_warmup_fraction=self.warmup_fraction, pretrain_adam_beta_2=self.adam_beta_2,
-            seed=self.seed)
+            model_overrides=self.model_overrides, seed=self.seed)
 
 
 # The test-sized run (tests/scoring/test_ranking.py): 110 s in all on 2 CPU cores shared with
@@ -141,7 +141,7 @@ def run(config: RankingConfig) -> dict:
     start = time.time()
     pretrained = demo.pretrain(cfg, shards, vocab_file, model_dir=cfg.path("electric"),
                                num_steps=config.steps, objective="electric",
-                               **dict(config.model_overrides))
+                               **dict(cfg.model_overrides))
     train_seconds = time.time() - start
     scorer = Scorer.from_checkpoint(pretrained["discriminator"], vocab_file=vocab_file)
     # Only sentences that fit the pretraining length: later positions never trained.

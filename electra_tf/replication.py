@@ -63,17 +63,15 @@ class ReplicationConfig:
         if unknown:
             raise ValueError(f"ReplicationConfig.recipe: unknown {sorted(unknown)}; "
                              f"choose from {sorted(recipe_fields)}")
-        if self.model_overrides:  # unknown or ill-typed fields fail here, before any work
-            from electra_tf.config import ElectraConfig
-
-            ElectraConfig.from_json(demo.MODEL_CONFIG).replace(**dict(self.model_overrides))
+        self.demo_config()  # ill-typed recipe values or model fields fail here, before any work
         if self.electra_steps < 10 or self.num_points < 1 or self.num_seeds < 1:
             raise ValueError("ReplicationConfig: electra_steps >= 10, num_points >= 1 and "
                              "num_seeds >= 1 are required")
 
     def demo_config(self) -> demo.DemoConfig:
         return demo.DemoConfig(workdir=self.workdir, scale=self.corpus_scale, seed=self.seed,
-                               finetune_epochs=self.finetune_epochs, **dict(self.recipe))
+                               finetune_epochs=self.finetune_epochs,
+                               model_overrides=self.model_overrides, **dict(self.recipe))
 
 
 def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length: int) -> dict:
@@ -102,7 +100,7 @@ def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -
 
 
 def run(cfg: ReplicationConfig) -> dict:
-    dcfg = cfg.demo_config()  # its data and recipe; the models come from cfg.model_overrides
+    dcfg = cfg.demo_config()  # its data and recipe, and the models of cfg.model_overrides
     corpus_file = demo.build_corpus(dcfg)
     vocab_file = demo.build_vocab(dcfg, corpus_file)
     shards = demo.build_shards(dcfg, corpus_file, vocab_file)

@@ -35,6 +35,12 @@ def test_demo_runs_end_to_end_and_served_answers_match(tmp_path):
                         .read_text())
     assert (record["model_config"]["generator_hidden_size"],
             record["model_config"]["embedding_sharing"]) == (1.0, "all")
+    assert summary["pretraining"]["model_overrides"] == {"generator_hidden_size": 1.0,
+                                                         "embedding_sharing": "all"}
+    # The randomly initialised encoder is built from the same overrides (one shape for both).
+    random_config = json.loads((workdir / "finetune_random" / "best" / "config.json").read_text())
+    assert all(random_config[k] == record["model_config"][k]
+               for k in summary["pretraining"]["model_overrides"])
     # Both encoders, every seed's number, and the spread computed from them.
     accuracy = summary["rotten_tomatoes_dev_accuracy"]
     for name in ("pretrained", "random_init"):

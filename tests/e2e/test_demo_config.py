@@ -1,4 +1,5 @@
-"""The demo's pretraining stage refuses a folder left by a different run (cheap, no training)."""
+"""The demo's configuration: pretraining refuses a folder left by a different run, and model
+overrides are checked before any work (cheap, no training)."""
 
 import json
 
@@ -37,3 +38,21 @@ def test_a_record_written_before_adam_beta_2_existed_counts_as_0_999(tmp_path):
     with pytest.raises(ValueError, match="adam_beta_2: 0.999 there, 0.98 now"):
         demo._check_same_run(str(folder), PretrainingConfig(adam_beta_2=0.98), {})
     demo._check_same_run(str(folder), PretrainingConfig(), {})
+
+
+def test_model_overrides_are_checked_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match="unknown field.*num_layerz"):
+        demo.DemoConfig(workdir=str(tmp_path), model_overrides=(("num_layerz", 2),))
+    with pytest.raises(ValueError, match="num_layers: must be an integer"):
+        demo.DemoConfig(workdir=str(tmp_path), model_overrides=(("num_layers", "two"),))
+    with pytest.raises(ValueError, match="embedding_sharing"):  # 'all' needs a same-size generator
+        demo.DemoConfig(workdir=str(tmp_path), model_overrides=(("embedding_sharing", "all"),))
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_replication_study_trains_the_models_of_its_own_overrides():
+    from electra_tf.replication import ReplicationConfig
+
+    assert ReplicationConfig().demo_config().model_overrides == ()
+    shaped = ReplicationConfig(model_overrides=(("num_layers", 2),)).demo_config()
+    assert shaped.model_overrides == (("num_layers", 2),)
