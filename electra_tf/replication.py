@@ -180,7 +180,10 @@ def verdicts(final: dict) -> list[str]:
     return lines
 
 
-def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> None:
+def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> list[str]:
+    """Draws accuracy (median, min-max bars) against pretraining FLOPs, one line per variant, and
+    returns the legend's labels. A run with a "label" is drawn on a line of its own (one variant
+    pretrained with another recipe, say)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,23 +197,26 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> None:
         ax.axhline(statistics.median(acc), color="gray", linestyle="--",
                    label=LABELS["random_init"])
         start = [(0.0, acc)]
-    for variant in ALL_VARIANTS:
-        points = sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
-                        if r["variant"] == variant)
-        if not points:
-            continue
-        points = start + points
+
+    def line(run):
+        return run.get("label") or LABELS[run["variant"]]
+
+    for name in dict.fromkeys(line(r) for r in runs if r["variant"] != "random_init"):
+        points = start + sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
+                                if r["variant"] != "random_init" and line(r) == name)
         x = [p[0] / 1e12 for p in points]
         med = [statistics.median(p[1]) for p in points]
         spread = [[m - min(p[1]) for m, p in zip(med, points)],
                   [max(p[1]) - m for m, p in zip(med, points)]]
-        ax.errorbar(x, med, yerr=spread, marker="o", capsize=3, label=LABELS[variant])
+        ax.errorbar(x, med, yerr=spread, marker="o", capsize=3, label=name)
     ax.set_xlim(left=0)
     ax.set_xlabel("pretraining compute (TFLOP, analytic matmul count)")
     ax.set_ylabel(f"Rotten Tomatoes {split} accuracy (median over seeds)")
     ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
     ax.grid(alpha=0.3)
     ax.legend()
+    labels = ax.get_legend_handles_labels()[1]
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+    return labels

@@ -89,3 +89,18 @@ def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
     assert (demo.vocab_size, demo.vocab_documents) == (30522, 25000)
     with pytest.raises(ValueError, match=r"recipe: unknown \['max_seq_length'\]"):
         ReplicationConfig(recipe=(("max_seq_length", 128),))
+
+
+def test_the_chart_draws_a_line_per_variant_and_per_labelled_recipe(tmp_path):
+    from electra_tf.replication import plot
+
+    runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [74.0, 75.0]},
+            {"variant": "electra", "step": 10, "pretrain_flops": 1e12, "accuracies": [75.0, 76.0]},
+            {"variant": "mlm", "step": 12, "pretrain_flops": 1e12, "accuracies": [77.0, 77.5]},
+            {"variant": "electra", "step": 10, "pretrain_flops": 2e12, "accuracies": [76.0, 77.0],
+             "label": "ELECTRA, tie-all"},
+            {"variant": "electra", "step": 20, "pretrain_flops": 4e12, "accuracies": [76.5, 77.0],
+             "label": "ELECTRA, tie-all"}]
+    labels = plot(runs, str(tmp_path / "chart.png"), "held-out train")
+    assert labels == ["no pretraining", "ELECTRA", "BERT (MLM)", "ELECTRA, tie-all"]
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
