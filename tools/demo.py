@@ -2,7 +2,7 @@
 
   python -m electra_tf.tools.demo [--workdir=runs/demo] [--scale=1.0]
 
---scale multiplies data and training: 1.0 pretrains for about 12 minutes on 2 CPU cores and
+--scale multiplies data and training: 1.0 pretrains for about 25 minutes on 2 CPU cores and
 fine-tunes the pretrained and a randomly initialised encoder with 3 seeds each; 0.02 runs the
 whole chain in a couple of minutes. Rerunning reuses the finished stages.
 """
@@ -14,7 +14,7 @@ from absl import app, flags
 from electra_tf import cli, demo
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where every stage writes.")
-_SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: ~12 min pretraining).")
+_SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: ~25 min pretraining).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of every stage.")
 
 
