@@ -214,7 +214,7 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> list[str]:
     ax.set_ylabel(f"Rotten Tomatoes {split} accuracy (median over seeds)")
     ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="lower right", fontsize="small")  # curves rise from the left
     labels = ax.get_legend_handles_labels()[1]
     fig.tight_layout()
     fig.savefig(path)
