@@ -63,7 +63,7 @@ class ReplicationConfig:
         if unknown:
             raise ValueError(f"ReplicationConfig.recipe: unknown {sorted(unknown)}; "
                              f"choose from {sorted(recipe_fields)}")
-        self.demo_config()  # ill-typed recipe values or model fields fail here, before any work
+        self.demo_config()  # unknown or ill-typed model fields fail here, before any work
         if self.electra_steps < 10 or self.num_points < 1 or self.num_seeds < 1:
             raise ValueError("ReplicationConfig: electra_steps >= 10, num_points >= 1 and "
                              "num_seeds >= 1 are required")
