@@ -189,12 +189,13 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     """Pretrains (or resumes) and returns {"discriminator": dir, "metrics": ..., "steps": n}.
 
     `checkpoint_steps`: steps that must have a checkpoint (`ckpt-<step>`) at the end; they and
-    `num_steps` should share a divisor (loops end there). `config_overrides` go to the model
-    config (e.g. `objective="mlm"`).
+    `num_steps` should share a divisor (loops end there). The model is the demo model with
+    `cfg.model_overrides`, then `config_overrides` (e.g. `objective="mlm"`), applied.
     """
     from electra_tf.training.pretraining import PretrainingConfig, run_pretraining
     from electra_tf.training.strategy import create_strategy
 
+    config_overrides = {**dict(cfg.model_overrides), **config_overrides}
     model_dir = model_dir or cfg.path("pretrain")
     steps = num_steps or cfg.pretrain_steps
     every = math.gcd(steps, *checkpoint_steps) if checkpoint_steps else max(50, steps // 4)
@@ -239,7 +240,7 @@ def _check_same_run(model_dir: str, config, overrides: dict) -> None:
 
 def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *,
                              init_checkpoint: str | None, num_seeds: int | None = None,
-                             eval_split: str = "dev", model_overrides: dict | None = None) -> dict:
+                             eval_split: str = "dev") -> dict:
     """Fine-tunes on Rotten Tomatoes with seeds seed, seed+1, ...; returns the results.json of
     `run_seeds` (per-seed accuracy under runs[i]["best"], their median under summary/accuracy).
 
@@ -247,9 +248,8 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     the trained model once; picking the best epoch on the reported split would tune on it).
     eval_split "dev": train on the training split, score on dev (deterministic sha1 split, see
     corpus.py). "tune": train on ~85% of the training split and score on the other ~15%, for
-    choosing recipes without looking at dev. `model_overrides` change the demo model's config of
-    a randomly initialised encoder (so that it has the shape of the pretrained one it is
-    compared with).
+    choosing recipes without looking at dev. A randomly initialised encoder is the demo model
+    with `cfg.model_overrides`, the shape of the pretrained one it is compared with.
     """
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
     from electra_tf.finetune.trainer import run_seeds
@@ -263,7 +263,7 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     train, evaluation = (("train", "dev") if eval_split == "dev" else ("tune_train", "tune_eval"))
     overrides = {"learning_rate": cfg.finetune_learning_rate, "keep_best": False,
                  "num_train_epochs": cfg.finetune_epochs, "max_seq_length": cfg.max_seq_length}
-    random_init = model_config(vocab_file, **(model_overrides or {})) \
+    random_init = model_config(vocab_file, **dict(cfg.model_overrides)) \
         if init_checkpoint is None else None
     return run_seeds("rotten_tomatoes", random_init, overrides, model_dir=model_dir,
                      num_seeds=num_seeds or cfg.num_finetune_seeds, seed=cfg.seed,
@@ -367,7 +367,7 @@ def run(cfg: DemoConfig) -> dict:
     shape = ", ".join(f"{k}={v}" for k, v in overrides.items())
     t = _stage(f"3/6 pretraining ELECTRA ({MODEL_CONFIG}{' with ' + shape if shape else ''}, "
                f"{cfg.pretrain_steps} steps)")
-    pretrained = pretrain(cfg, shards, vocab_file, **overrides)
+    pretrained = pretrain(cfg, shards, vocab_file)
     timings["pretrain"] = time.time() - t
     seeds = cfg.num_finetune_seeds
     t = _stage(f"4/6 fine-tuning on Rotten Tomatoes, {seeds} seeds from the pretrained encoder, "
@@ -378,8 +378,7 @@ def run(cfg: DemoConfig) -> dict:
     accuracy = {
         "pretrained": seed_accuracies(pretrained_runs),
         "random_init": seed_accuracies(finetune_rotten_tomatoes(
-            cfg, vocab_file, cfg.path("finetune_random"), init_checkpoint=None,
-            model_overrides=overrides)),
+            cfg, vocab_file, cfg.path("finetune_random"), init_checkpoint=None)),
     }
     accuracy.update(comparison(accuracy["pretrained"], accuracy["random_init"]))
     timings["finetune"] = time.time() - t

@@ -140,8 +140,7 @@ def run(config: RankingConfig) -> dict:
     data_seconds = time.time() - start
     start = time.time()
     pretrained = demo.pretrain(cfg, shards, vocab_file, model_dir=cfg.path("electric"),
-                               num_steps=config.steps, objective="electric",
-                               **dict(cfg.model_overrides))
+                               num_steps=config.steps, objective="electric")
     train_seconds = time.time() - start
     scorer = Scorer.from_checkpoint(pretrained["discriminator"], vocab_file=vocab_file)
     # Only sentences that fit the pretraining length: later positions never trained.

@@ -112,8 +112,7 @@ def run(cfg: ReplicationConfig) -> dict:
     print("\n=== random initialisation (no pretraining) ===", flush=True)
     results = demo.finetune_rotten_tomatoes(
         finetune_cfg, vocab_file, os.path.join(cfg.workdir, f"finetune_random_{cfg.eval_split}"),
-        init_checkpoint=None, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split,
-        model_overrides=dict(cfg.model_overrides))
+        init_checkpoint=None, num_seeds=cfg.num_seeds, eval_split=cfg.eval_split)
     runs.append({"variant": "random_init", "step": 0, "pretrain_flops": 0,
                  "accuracies": [r["best"]["accuracy"] for r in results["runs"]]})
     for variant in cfg.variants:
@@ -123,7 +122,7 @@ def run(cfg: ReplicationConfig) -> dict:
         print(f"\n=== {LABELS[variant]}: {steps} steps x {flops_per_step / 1e9:.1f} GFLOP "
               f"(checkpoints for fine-tuning at {points}) ===", flush=True)
         demo.pretrain(dcfg, shards, vocab_file, model_dir=model_dir, num_steps=steps,
-                      checkpoint_steps=points, objective=variant, **dict(cfg.model_overrides))
+                      checkpoint_steps=points, objective=variant)
         for step in points:
             disc = export_checkpoint(model_dir, step, os.path.join(model_dir, f"disc_{step}"),
                                      vocab_file)
