@@ -198,9 +198,7 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     config_overrides = {**dict(cfg.model_overrides), **config_overrides}
     model_dir = model_dir or cfg.path("pretrain")
     steps = num_steps or cfg.pretrain_steps
-    every = math.gcd(steps, *checkpoint_steps) if checkpoint_steps else max(50, steps // 4)
-    per_loop = max(d for d in range(1, min(50, every) + 1) if every % d == 0) \
-        if checkpoint_steps else min(50, steps)
+    every, per_loop = checkpoint_cadence(steps, checkpoint_steps)
     config = PretrainingConfig(
         train_batch_size=cfg.pretrain_batch_size, num_train_steps=steps,
         learning_rate=cfg.pretrain_learning_rate,
@@ -219,6 +217,16 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
                "metrics": result.metrics}
     Path(summary_file).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def checkpoint_cadence(steps: int, checkpoint_steps=()) -> tuple[int, int]:
+    """(steps between checkpoints, steps per training-loop call) for a run of `steps` that must
+    leave a checkpoint at each of `checkpoint_steps`: loops end exactly on them, so a loop call
+    runs a divisor of their spacing (at most 50 steps; fewer costs host round trips)."""
+    if not checkpoint_steps:
+        return max(50, steps // 4), min(50, steps)
+    every = math.gcd(steps, *checkpoint_steps)
+    return every, max(d for d in range(1, min(50, every) + 1) if every % d == 0)
 
 
 def _check_same_run(model_dir: str, config, overrides: dict) -> None:

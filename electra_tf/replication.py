@@ -83,9 +83,18 @@ def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length:
     per_step = {v: training_flops_per_sequence(base.replace(objective=v), seq_length)["training"]
                 * batch for v in cfg.variants + ("electra",)}
     budget = cfg.electra_steps * per_step["electra"]
-    unit = cfg.num_points  # the fine-tuned checkpoints split the run into equal parts
-    return {v: (max(unit, unit * round(budget / per_step[v] / unit)), per_step[v])
+    return {v: (_round_steps(budget / per_step[v], cfg.num_points), per_step[v])
             for v in cfg.variants}
+
+
+def _round_steps(steps: float, num_points: int) -> int:
+    """`steps` rounded so that the `num_points` checkpoints split the run into equal parts, each a
+    multiple of up to 50 steps: the training loop runs whole `steps_per_loop` chunks between
+    checkpoints (`demo.pretrain`), and 22,487 steps could only be run one step per call, at half
+    the speed. The multiple is the largest that moves the budget by at most 0.5%."""
+    unit = next(num_points * m for m in (50, 25, 10, 5, 2, 1)
+                if num_points * m <= 0.01 * steps or m == 1)
+    return max(unit, unit * round(steps / unit))
 
 
 def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -> str:

@@ -55,3 +55,30 @@ def test_the_replication_study_trains_the_models_of_its_own_overrides():
     assert ReplicationConfig().demo_config().model_overrides == ()
     shaped = ReplicationConfig(model_overrides=(("num_layers", 2),)).demo_config()
     assert shaped.model_overrides == (("num_layers", 2),)
+
+
+@pytest.mark.parametrize("num_points", [1, 2, 4])
+def test_equal_compute_plans_keep_the_training_loop_at_10_to_50_steps_per_call(tmp_path, num_points):
+    """22,487 MLM steps (a product of two primes) once ran one step per loop call, at half speed."""
+    from electra_tf.replication import ReplicationConfig, steps_for_equal_compute
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                               + [f"w{i}" for i in range(7995)]) + "\n")
+    tie_all = (("generator_hidden_size", 1.0), ("embedding_sharing", "all"))
+    for overrides in ((), tie_all):
+        cfg = ReplicationConfig(electra_steps=12000, num_points=num_points, model_overrides=overrides,
+                                variants=("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm"))
+        plan = steps_for_equal_compute(cfg, str(vocab), 64)
+        budget = plan["electra"][0] * plan["electra"][1]
+        assert plan["electra"][0] == 12000
+        for variant, (steps, per_step) in plan.items():
+            assert abs(steps * per_step - budget) <= 0.005 * budget, (variant, steps)
+            points = [steps * k // num_points for k in range(1, num_points + 1)]
+            assert steps % num_points == 0  # equal parts
+            assert demo.checkpoint_cadence(steps, points)[1] >= 10, (variant, steps)
+    # A tiny budget keeps whole-step equality rather than round multiples.
+    small = ReplicationConfig(electra_steps=10, num_points=1, variants=("electra", "mlm"))
+    plan = steps_for_equal_compute(small, str(vocab), 64)
+    assert plan["electra"][0] == 10
+    assert abs(plan["mlm"][0] * plan["mlm"][1] - 10 * plan["electra"][1]) <= plan["mlm"][1] / 2
