@@ -7,7 +7,7 @@ from keras import ops
 
 from electra_tf.models.encoder import (
     ElectraBackbone, activation, as_electra_config, electra_kernel_initializer, register)
-from electra_tf.models.generator import MaskedLMHead
+from electra_tf.models.generator import MaskedLMHead, gather_positions
 
 
 @register
@@ -77,13 +77,17 @@ class Discriminator(ElectraBackbone):
     def _heads(self):
         return (self.rtd_head, self.mlm_head)
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, positions=None):
+        """`positions` [batch, n]: the masked-LM head scores only those positions (`mlm_logits`
+        [batch, n, V]), as the MLM objectives need; the vocabulary projection at every position
+        cost the BERT baseline more time than its whole encoder."""
         sequence_output = self.encode(inputs, training=training)
         outputs = {"sequence_output": sequence_output, "cls_output": sequence_output[:, 0, :]}
         if self.rtd_head is not None:
             outputs["rtd_logits"] = self.rtd_head(sequence_output)
         if self.mlm_head is not None:
-            outputs["mlm_logits"] = self.mlm_head(sequence_output)
+            hidden = sequence_output if positions is None else gather_positions(sequence_output, positions)
+            outputs["mlm_logits"] = self.mlm_head(hidden)
         return outputs
 
     def get_config(self):

@@ -26,7 +26,7 @@ import tensorflow as tf
 from electra_tf.models import masking
 from electra_tf.models.discriminator import Discriminator
 from electra_tf.models.encoder import Embeddings, as_electra_config, register
-from electra_tf.models.generator import Generator, gather_positions
+from electra_tf.models.generator import Generator
 
 _USES_GENERATOR = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm")
 
@@ -87,9 +87,9 @@ def _replaced_token_terms(logits, labels, weights, token_total) -> dict:
 
 
 def _masked_lm_terms(mlm_logits, batch, slot_total) -> dict:
-    """The discriminator as an MLM at the masked slots (mlm, replace_mlm)."""
-    logits = gather_positions(mlm_logits, batch.positions)
-    loss, correct = mlm_loss_terms(logits, batch.masked_ids, batch.weights, slot_total)
+    """The discriminator as an MLM at the masked slots (mlm, replace_mlm): `mlm_logits` [batch, n,
+    V] are already the slots' (`Discriminator.call(positions=...)`)."""
+    loss, correct = mlm_loss_terms(mlm_logits, batch.masked_ids, batch.weights, slot_total)
     return dict(main_mlm_loss=loss,
                 main_mlm_accuracy=weighted_mean(correct, batch.weights, slot_total))
 
@@ -272,7 +272,9 @@ class ElectraPretrainer(keras.Model):
 
         disc_inputs = {"input_ids": disc_input_ids, "input_mask": input_mask,
                        "segment_ids": segment_ids}
-        disc = self.discriminator(disc_inputs, training=training)
+        # The MLM objectives score the masked slots only (the original's gather before the head).
+        slots = batch.positions if c.objective in ("replace_mlm", "mlm") else None
+        disc = self.discriminator(disc_inputs, training=training, positions=slots)
         if c.objective in ("electra", "electra_15"):
             terms = _replaced_token_terms(disc["rtd_logits"], out["replaced_token_labels"],
                                           token_weights, token_total)

@@ -86,6 +86,27 @@ def repeated_corpus(num=32, seq=24, seed=0):
         {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
 
 
+@pytest.mark.parametrize("objective", ["mlm", "replace_mlm"])
+def test_mlm_objectives_score_exactly_the_masked_slots(objective):
+    """The discriminator's MLM head runs on the masked slots only; the loss is the one of the
+    whole-sequence logits read at those slots (the original's gather, then cross-entropy)."""
+    p = ElectraPretrainer(tiny_config(objective=objective))
+    features = {k: v.numpy() for k, v in next(iter(repeated_corpus().batch(4))).items()}
+    features["input_ids"][1, 6:], features["input_mask"][1, 6:] = 0, 0  # a short sentence
+    features = {k: tf.constant(v) for k, v in features.items()}
+    out = p.compute_objective(features, tf.constant([3, 1]), training=False)
+    batch = out["masked"]
+    disc_ids = out["disc_input_ids"] if objective == "replace_mlm" else batch.masked_input_ids
+    full = p.discriminator({**features, "input_ids": disc_ids}, training=False)["mlm_logits"]
+    assert full.shape[1] == features["input_ids"].shape[1]  # no positions: every token
+    slots = np.take_along_axis(full.numpy(), batch.positions.numpy()[:, :, None], axis=1)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(batch.masked_ids, slots).numpy()
+    weights = batch.weights.numpy()
+    assert weights.sum() > 0 and (weights == 0).any()  # real and padded slots both exercised
+    np.testing.assert_allclose(out["main_mlm_loss"], (losses * weights).sum() / weights.sum(),
+                               rtol=1e-5)
+
+
 @pytest.mark.parametrize("objective", ["electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm"])
 def test_loss_falls_for_every_objective(objective):
     keras.utils.set_random_seed(0)
