@@ -89,9 +89,9 @@ def steps_for_equal_compute(cfg: ReplicationConfig, vocab_file: str, seq_length:
 
 def _round_steps(steps: float, num_points: int) -> int:
     """`steps` rounded so that the `num_points` checkpoints split the run into equal parts, each a
-    multiple of up to 50 steps: the training loop runs whole `steps_per_loop` chunks between
-    checkpoints (`demo.pretrain`), and 22,487 steps could only be run one step per call, at half
-    the speed. The multiple is the largest that moves the budget by at most 0.5%."""
+    multiple of up to 50 steps, the largest that moves the budget by at most 0.5%: the training
+    loop runs whole `steps_per_loop` chunks between checkpoints (`demo.checkpoint_cadence`), and
+    22,487 steps (113 x 199) would allow only one step per call."""
     unit = next(num_points * m for m in (50, 25, 10, 5, 2, 1)
                 if num_points * m <= 0.01 * steps or m == 1)
     return max(unit, unit * round(steps / unit))

@@ -79,8 +79,8 @@ class Discriminator(ElectraBackbone):
 
     def call(self, inputs, training=None, positions=None):
         """`positions` [batch, n]: the masked-LM head scores only those positions (`mlm_logits`
-        [batch, n, V]), as the MLM objectives need; the vocabulary projection at every position
-        cost the BERT baseline more time than its whole encoder."""
+        [batch, n, V]), as the MLM objectives need (at every position, the vocabulary projection
+        took more of the BERT baseline's step than all the rest of it)."""
         sequence_output = self.encode(inputs, training=training)
         outputs = {"sequence_output": sequence_output, "cls_output": sequence_output[:, 0, :]}
         if self.rtd_head is not None:
