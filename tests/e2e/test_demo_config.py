@@ -59,7 +59,7 @@ def test_the_replication_study_trains_the_models_of_its_own_overrides():
 
 @pytest.mark.parametrize("num_points", [1, 2, 4])
 def test_equal_compute_plans_keep_the_training_loop_at_10_to_50_steps_per_call(tmp_path, num_points):
-    """22,487 MLM steps (a product of two primes) once ran one step per loop call, at half speed."""
+    """22,487 MLM steps (113 x 199) allowed one step per loop call; plans now keep 10-50."""
     from electra_tf.replication import ReplicationConfig, steps_for_equal_compute
 
     vocab = tmp_path / "vocab.txt"
