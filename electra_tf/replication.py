@@ -49,6 +49,7 @@ class ReplicationConfig:
     recipe: tuple = ()          # (field, value) pairs replacing DemoConfig's pretraining recipe
     model_overrides: tuple = ()  # (field, value) pairs replacing the demo model's config fields
     seed: int = 0
+    target_gain: float | None = None  # the chart's line above no pretraining (accuracy points)
 
     def __post_init__(self):
         unknown = set(self.variants) - set(ALL_VARIANTS)
@@ -147,7 +148,8 @@ def run(cfg: ReplicationConfig) -> dict:
     Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = results_table(runs, SPLIT_LABELS[cfg.eval_split])
     Path(cfg.workdir, "results.md").write_text(table + "\n")
-    plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"), SPLIT_LABELS[cfg.eval_split])
+    plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"), SPLIT_LABELS[cfg.eval_split],
+         cfg.target_gain)
     print("\n" + table)
     return results
 
@@ -188,10 +190,12 @@ def verdicts(final: dict) -> list[str]:
     return lines
 
 
-def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> list[str]:
+def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float | None = None
+         ) -> list[str]:
     """Draws accuracy (median, min-max bars) against pretraining FLOPs, one line per variant, and
     returns the legend's labels. A run with a "label" is drawn on a line of its own (one variant
-    pretrained with another recipe, say)."""
+    pretrained with another recipe, say). `target_gain` adds a line that many points above no
+    pretraining's median: where a curve crosses it is the crossover to read off."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,6 +209,9 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"]) -> list[str]:
         ax.axhline(statistics.median(acc), color="gray", linestyle="--",
                    label=LABELS["random_init"])
         start = [(0.0, acc)]
+        if target_gain is not None:
+            ax.axhline(statistics.median(acc) + target_gain, color="gray", linestyle=":",
+                       label=f"{LABELS['random_init']} + {target_gain:g} points")
 
     def line(run):
         return run.get("label") or LABELS[run["variant"]]

@@ -2,7 +2,7 @@
 
   python -m electra_tf.tools.replicate [--workdir=runs/replication] [--electra_steps=4000] [--num_seeds=3]
       [--num_points=2] [--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm[,electric]]
-      [--eval_split=dev|tune]
+      [--eval_split=dev|tune] [--target_gain=3]
 
 Writes results.json, results.md (the table) and accuracy_vs_compute.png into --workdir.
 See electra_tf/replication.py for the protocol. Rerunning reuses finished runs.
@@ -38,6 +38,8 @@ _RECIPE = flags.DEFINE_list(
 _OVERRIDE = flags.DEFINE_list(
     "override", [], "Demo model config changes, e.g. mask_prob=0.25,generator_hidden_size=0.125.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of pretraining and the first fine-tuning run.")
+_TARGET = flags.DEFINE_float("target_gain", None, "Draw a line this many accuracy points above no "
+                             "pretraining's median on the chart, to read the crossover off.")
 
 
 def _pairs(items, flag):
@@ -64,7 +66,8 @@ def main(argv):
             num_points=_POINTS.value, num_seeds=_SEEDS.value, finetune_examples=_EXAMPLES.value,
             finetune_epochs=_EPOCHS.value, corpus_scale=_CORPUS.value, eval_split=_SPLIT.value,
             recipe=_pairs(_RECIPE.value, "recipe"),
-            model_overrides=_pairs(_OVERRIDE.value, "override"), seed=_SEED.value)
+            model_overrides=_pairs(_OVERRIDE.value, "override"), seed=_SEED.value,
+            target_gain=_TARGET.value)
     except (TypeError, ValueError) as e:
         raise app.UsageError(str(e)) from None
     try:

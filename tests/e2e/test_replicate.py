@@ -103,4 +103,7 @@ def test_the_chart_draws_a_line_per_variant_and_per_labelled_recipe(tmp_path):
              "label": "ELECTRA, tie-all"}]
     labels = plot(runs, str(tmp_path / "chart.png"), "held-out train")
     assert labels == ["no pretraining", "ELECTRA", "BERT (MLM)", "ELECTRA, tie-all"]
+    labels = plot(runs, str(tmp_path / "target.png"), "dev", target_gain=3)
+    assert labels == ["no pretraining", "no pretraining + 3 points", "ELECTRA", "BERT (MLM)",
+                      "ELECTRA, tie-all"]
     assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
