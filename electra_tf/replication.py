@@ -201,7 +201,7 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(7, 5.5), dpi=120)
     baseline = [r for r in runs if r["variant"] == "random_init"]
     start = []  # zero compute is random initialisation: every curve starts there
     if baseline:
@@ -229,7 +229,8 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float |
     ax.set_ylabel(f"Rotten Tomatoes {split} accuracy (median over seeds)")
     ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")  # curves rise from the left
+    # Below the axes, where it hides no point or bar.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")
     labels = ax.get_legend_handles_labels()[1]
     fig.tight_layout()
     fig.savefig(path)
