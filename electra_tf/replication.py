@@ -206,11 +206,11 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float |
     start = []  # zero compute is random initialisation: every curve starts there
     if baseline:
         acc = baseline[0]["accuracies"]
-        ax.axhline(statistics.median(acc), color="gray", linestyle="--",
-                   label=LABELS["random_init"])
+        level = statistics.median(acc)
+        ax.axhline(level, color="gray", linestyle="--", label=LABELS["random_init"])
         start = [(0.0, acc)]
         if target_gain is not None:
-            ax.axhline(statistics.median(acc) + target_gain, color="gray", linestyle=":",
+            ax.axhline(level + target_gain, color="gray", linestyle=":",
                        label=f"{LABELS['random_init']} + {target_gain:g} points")
 
     def line(run):
