@@ -257,30 +257,50 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     the trained model once; picking the best epoch on the reported split would tune on it).
     eval_split "dev": train on the training split, score on dev (deterministic sha1 split, see
     corpus.py). "tune": train on ~85% of the training split and score on the other ~15%, for
-    choosing recipes without looking at dev. A randomly initialised encoder is the demo model
-    with `cfg.model_overrides`, the shape of the pretrained one it is compared with.
+    choosing recipes without looking at dev. "cv": `corpus.CV_FOLDS`-fold cross-validation over
+    the training split, one run per fold (fold k with seed `cfg.seed + k`, `num_seeds` unused),
+    so every training sentence is scored once; `model_dir/fold_<k>/` holds each run and
+    results.json lists them like seeds, with the accuracy pooled over all sentences under
+    summary/pooled_accuracy. A randomly initialised encoder is the demo model with
+    `cfg.model_overrides`, the shape of the pretrained one it is compared with.
     """
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
-    from electra_tf.finetune.trainer import run_seeds
+    from electra_tf.finetune.trainer import run_seeds, summarize
 
-    if eval_split not in ("dev", "tune"):
-        raise ValueError(f"eval_split: expected 'dev' or 'tune', got {eval_split!r}")
+    if eval_split not in ("dev", "tune", "cv"):
+        raise ValueError(f"eval_split: expected 'dev', 'tune' or 'cv', got {eval_split!r}")
     results_file = os.path.join(model_dir, "results.json")
     if os.path.exists(results_file):
         print(f"reusing {model_dir}")
         return json.loads(Path(results_file).read_text())
-    train, evaluation = (("train", "dev") if eval_split == "dev" else ("tune_train", "tune_eval"))
     overrides = {"learning_rate": cfg.finetune_learning_rate, "keep_best": False,
                  "num_train_epochs": cfg.finetune_epochs, "max_seq_length": cfg.max_seq_length}
     random_init = model_config(vocab_file, **dict(cfg.model_overrides)) \
         if init_checkpoint is None else None
-    return run_seeds("rotten_tomatoes", random_init, overrides, model_dir=model_dir,
-                     num_seeds=num_seeds or cfg.num_finetune_seeds, seed=cfg.seed,
-                     init_checkpoint=init_checkpoint, vocab_file=vocab_file,
-                     train_examples=rotten_tomatoes_examples(train),
-                     eval_examples=rotten_tomatoes_examples(evaluation),
-                     max_train_examples=cfg.max_train_examples,
-                     max_eval_examples=cfg.max_eval_examples)
+
+    def runs(folder, train, evaluation, seeds, seed):
+        return run_seeds("rotten_tomatoes", random_init, overrides, model_dir=folder,
+                         num_seeds=seeds, seed=seed, init_checkpoint=init_checkpoint,
+                         vocab_file=vocab_file, train_examples=rotten_tomatoes_examples(train),
+                         eval_examples=rotten_tomatoes_examples(evaluation),
+                         max_train_examples=cfg.max_train_examples,
+                         max_eval_examples=cfg.max_eval_examples)
+
+    if eval_split != "cv":
+        train, evaluation = (("train", "dev") if eval_split == "dev" else ("tune_train", "tune_eval"))
+        return runs(model_dir, train, evaluation, num_seeds or cfg.num_finetune_seeds, cfg.seed)
+    from electra_tf.data.corpus import CV_FOLDS
+
+    folds = [runs(os.path.join(model_dir, f"fold_{k}"), f"fold{k}_train", f"fold{k}_eval", 1,
+                  cfg.seed + k)["runs"][0] for k in range(CV_FOLDS)]
+    accuracies = [run["best"]["accuracy"] for run in folds]
+    sizes = [run["num_eval_examples"] for run in folds]
+    results = {"task": "rotten_tomatoes", "eval_split": "cv", "num_folds": CV_FOLDS,
+               "seeds": [run["seed"] for run in folds], "runs": folds,
+               "summary": {"accuracy": summarize(accuracies),
+                           "pooled_accuracy": sum(a * n for a, n in zip(accuracies, sizes)) / sum(sizes)}}
+    Path(results_file).write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 def seed_accuracies(results: dict) -> dict:

@@ -7,8 +7,9 @@ matmul FLOPs, `electra_tf.models.flops`): the BERT-style `mlm` baseline, which h
 takes more steps; Electric (`variants` including "electric"), whose two-tower generator scores
 every position, fewer. Checkpoints at `num_points` evenly spaced fractions of the budget are each
 fine-tuned on Rotten Tomatoes with `num_seeds` seeds, each scored at its final epoch, on the dev
-split or (`eval_split="tune"`) on a held-out ~15% of the training split, which is what recipes are
-chosen on. Output in `workdir`:
+split, (`eval_split="tune"`) on a held-out ~15% of the training split, which is what recipes are
+chosen on, or (`eval_split="cv"`) by 5-fold cross-validation over the training split (one run per
+fold, every training sentence scored once, paired fold by fold across variants). Output in `workdir`:
 
   results.json   every fine-tuning run, per variant and compute point
   results.md     the table: median and spread of dev accuracy per variant at the full budget
@@ -30,7 +31,7 @@ VARIANTS = ("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm")  # 
 ALL_VARIANTS = VARIANTS + ("electric",)
 LABELS = {"random_init": "no pretraining", "electra": "ELECTRA", "mlm": "BERT (MLM)", "electra_15": "ELECTRA 15%",
           "replace_mlm": "Replace MLM", "all_tokens_mlm": "All-Tokens MLM", "electric": "Electric"}
-SPLIT_LABELS = {"dev": "dev", "tune": "held-out train"}
+SPLIT_LABELS = {"dev": "dev", "tune": "held-out train", "cv": "5-fold CV of train"}
 PAPER_GLUE = {"random_init": "-", "electra": 85.0, "all_tokens_mlm": 84.3, "replace_mlm": 82.4, "electra_15": 82.4,
               "mlm": 82.2, "electric": "-"}  # Table 5, GLUE dev, Base size (Electric is not in it)
 
@@ -45,7 +46,7 @@ class ReplicationConfig:
     finetune_examples: int | None = None  # training sentences per fine-tuning run (None: all)
     finetune_epochs: float = demo.DemoConfig.finetune_epochs
     corpus_scale: float = 1.0   # fraction of the 25,000 IMDB reviews
-    eval_split: str = "dev"     # "dev", or "tune": ~15% held out of the training split
+    eval_split: str = "dev"     # "dev", "tune" (~15% held out of the training split) or "cv"
     recipe: tuple = ()          # (field, value) pairs replacing DemoConfig's pretraining recipe
     model_overrides: tuple = ()  # (field, value) pairs replacing the demo model's config fields
     seed: int = 0
@@ -56,8 +57,9 @@ class ReplicationConfig:
         if unknown:
             raise ValueError(f"ReplicationConfig.variants: unknown {sorted(unknown)}; "
                              f"choose from {ALL_VARIANTS}")
-        if self.eval_split not in ("dev", "tune"):
-            raise ValueError(f"ReplicationConfig.eval_split: 'dev' or 'tune', got {self.eval_split!r}")
+        if self.eval_split not in SPLIT_LABELS:
+            raise ValueError(f"ReplicationConfig.eval_split: one of {sorted(SPLIT_LABELS)}, "
+                             f"got {self.eval_split!r}")
         recipe_fields = {"pretrain_learning_rate", "pretrain_adam_beta_2", "pretrain_warmup_fraction",
                          "pretrain_batch_size", "vocab_size", "vocab_documents_at_scale_1"}
         unknown = {k for k, _ in self.recipe} - recipe_fields
@@ -146,7 +148,7 @@ def run(cfg: ReplicationConfig) -> dict:
                   f"{statistics.median(accuracies):.2f} over {len(accuracies)} seeds", flush=True)
     results = {"config": dataclasses.asdict(cfg), "plan": plan, "runs": runs}
     Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = results_table(runs, SPLIT_LABELS[cfg.eval_split])
+    table = results_table(runs, SPLIT_LABELS[cfg.eval_split], paired=cfg.eval_split == "cv")
     Path(cfg.workdir, "results.md").write_text(table + "\n")
     plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"), SPLIT_LABELS[cfg.eval_split],
          cfg.target_gain)
@@ -154,8 +156,10 @@ def run(cfg: ReplicationConfig) -> dict:
     return results
 
 
-def results_table(runs, split: str = SPLIT_LABELS["dev"]) -> str:
-    """Markdown: per variant at its full budget, median / min / max / std of the accuracy."""
+def results_table(runs, split: str = SPLIT_LABELS["dev"], paired: bool = False) -> str:
+    """Markdown: per variant at its full budget, median / min / max / std of the accuracy.
+    `paired`: the i-th accuracy of every variant is scored on the same sentences (cross-validation
+    folds), so the verdicts add each variant's gain over no pretraining fold by fold."""
     final = {}
     for r in runs:
         if r["variant"] not in final or r["step"] > final[r["variant"]]["step"]:
@@ -168,11 +172,12 @@ def results_table(runs, split: str = SPLIT_LABELS["dev"]) -> str:
         lines.append(f"| {LABELS[variant]} | {r['step']} | {r['pretrain_flops'] / 1e12:.2f} | "
                      f"{statistics.median(acc):.2f} | {min(acc):.2f} | {max(acc):.2f} | {std:.2f} | "
                      f"{PAPER_GLUE[variant]} |")
-    return "\n".join(lines + [""] + verdicts(final))
+    return "\n".join(lines + [""] + verdicts(final, paired))
 
 
-def verdicts(final: dict) -> list[str]:
-    """The paper's claims checked on the full-budget runs, each line saying yes or no."""
+def verdicts(final: dict, paired: bool = False) -> list[str]:
+    """The paper's claims checked on the full-budget runs, each line saying yes or no; with
+    `paired` runs (`results_table`), also each variant's fold-by-fold gain over no pretraining."""
     def acc(variant):
         return final[variant]["accuracies"] if variant in final else None
 
@@ -187,6 +192,12 @@ def verdicts(final: dict) -> list[str]:
             m, r = statistics.median(acc(variant)), statistics.median(random_init)
             lines.append(f"- {LABELS[variant]}'s median above no pretraining's: "
                          f"{'yes' if m > r else 'no'} ({m:.2f} vs {r:.2f})")
+    for variant in (v for v in final if v != "random_init") if paired and random_init else ():
+        gains = [a - b for a, b in zip(acc(variant), random_init)]
+        spread = (f", standard error {statistics.stdev(gains) / len(gains) ** 0.5:.2f}"
+                  if len(gains) > 1 else "")
+        lines.append(f"- {LABELS[variant]}'s gain over no pretraining, fold by fold: mean "
+                     f"{statistics.mean(gains):+.2f}{spread} (" + ", ".join(f"{g:+.2f}" for g in gains) + ")")
     return lines
 
 

@@ -2,7 +2,7 @@
 
   python -m electra_tf.tools.replicate [--workdir=runs/replication] [--electra_steps=4000] [--num_seeds=3]
       [--num_points=2] [--variants=electra,mlm,electra_15,replace_mlm,all_tokens_mlm[,electric]]
-      [--eval_split=dev|tune] [--target_gain=3]
+      [--eval_split=dev|tune|cv] [--target_gain=3]
 
 Writes results.json, results.md (the table) and accuracy_vs_compute.png into --workdir.
 See electra_tf/replication.py for the protocol. Rerunning reuses finished runs.
@@ -27,9 +27,11 @@ _EXAMPLES = flags.DEFINE_integer("finetune_examples", None,
                                  "RT training sentences per run (default: all of the split).")
 _EPOCHS = flags.DEFINE_float("finetune_epochs", replication.demo.DemoConfig.finetune_epochs,
                              "Fine-tuning epochs.")
-_SPLIT = flags.DEFINE_enum("eval_split", "dev", ["dev", "tune"],
+_SPLIT = flags.DEFINE_enum("eval_split", "dev", ["dev", "tune", "cv"],
                            "Score on the dev split, or ('tune') train on ~85% of the training "
-                           "split and score on the other ~15%: choose recipes with 'tune'.")
+                           "split and score on the other ~15%: choose recipes with 'tune'; or "
+                           "('cv') 5-fold cross-validation over the training split, one run per "
+                           "fold (--num_seeds unused), every training sentence scored once.")
 _CORPUS = flags.DEFINE_float("corpus_scale", 1.0, "Fraction of the IMDB reviews to pack.")
 _RECIPE = flags.DEFINE_list(
     "recipe", [], "Pretraining recipe changes, e.g. pretrain_learning_rate=2e-4 (fields of "

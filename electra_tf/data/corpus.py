@@ -156,6 +156,25 @@ def rotten_tomatoes_tuning_split() -> tuple[list[tuple[str, int]], list[tuple[st
     return fit, held_out
 
 
+# Cross-validation over the training split (`replicate --eval_split=cv`): every training sentence
+# is scored once, by a model fine-tuned on the other folds, so a recipe's gain is measured on all
+# 7,684 sentences instead of one slice of ~1,150 or the 846 of dev.
+CV_FOLDS = 5
+
+
+def rotten_tomatoes_folds(num_folds: int = CV_FOLDS) -> list[list[tuple[str, int]]]:
+    """The dev-free training split cut into `num_folds` folds by sha1("fold:" + text): a
+    sentence is in fold floor(num_folds * sha1 read as a fraction of 2^160). Dev is untouched."""
+    if num_folds < 2:
+        raise ValueError(f"num_folds must be >= 2, got {num_folds}")
+    train, _ = rotten_tomatoes_split()
+    folds = [[] for _ in range(num_folds)]
+    for text, label in train:
+        digest = int.from_bytes(hashlib.sha1(f"fold:{text}".encode("utf-8")).digest(), "big")
+        folds[digest * num_folds >> 160].append((text, label))
+    return folds
+
+
 def _hash_fraction(key: str) -> float:
     """sha1(key) read as a 160-bit integer and scaled to [0, 1)."""
     return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest(), "big") / float(1 << 160)

