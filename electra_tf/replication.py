@@ -151,7 +151,7 @@ def run(cfg: ReplicationConfig) -> dict:
     table = results_table(runs, SPLIT_LABELS[cfg.eval_split], paired=cfg.eval_split == "cv")
     Path(cfg.workdir, "results.md").write_text(table + "\n")
     plot(runs, os.path.join(cfg.workdir, "accuracy_vs_compute.png"), SPLIT_LABELS[cfg.eval_split],
-         cfg.target_gain)
+         cfg.target_gain, paired=cfg.eval_split == "cv")
     print("\n" + table)
     return results
 
@@ -201,44 +201,66 @@ def verdicts(final: dict, paired: bool = False) -> list[str]:
     return lines
 
 
-def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float | None = None
-         ) -> list[str]:
-    """Draws accuracy (median, min-max bars) against pretraining FLOPs, one line per variant, and
-    returns the legend's labels. A run with a "label" is drawn on a line of its own (one variant
-    pretrained with another recipe, say). `target_gain` adds a line that many points above no
-    pretraining's median: where a curve crosses it is the crossover to read off."""
+def chart_lines(runs, paired: bool = False) -> tuple[float | None, dict]:
+    """What `plot` draws: (no pretraining's level or None, {line label: [(TFLOP, centre, below,
+    above), ...]}), each line starting at zero compute from no pretraining when there is one.
+
+    Centre and bars are the median and min-max over seeds; with `paired` runs (cross-validation
+    folds, `results_table`) the mean over folds and one standard error of the fold-by-fold gain
+    over no pretraining, as the folds' own spread in difficulty cancels in that comparison."""
+    baseline = [r["accuracies"] for r in runs if r["variant"] == "random_init"]
+    paired = paired and bool(baseline)
+    center = statistics.mean if paired else statistics.median
+
+    def point(flops, accuracies):
+        c = center(accuracies)
+        if not paired:
+            return flops / 1e12, c, c - min(accuracies), max(accuracies) - c
+        gains = [a - b for a, b in zip(accuracies, baseline[0])]
+        error = statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else 0.0
+        return flops / 1e12, c, error, error
+
+    def line(run):
+        return run.get("label") or LABELS[run["variant"]]
+
+    start = [point(0.0, baseline[0])] if baseline else []  # every curve starts at zero compute
+    lines = {}
+    for name in dict.fromkeys(line(r) for r in runs if r["variant"] != "random_init"):
+        lines[name] = start + [point(f, a) for f, a in sorted(
+            (r["pretrain_flops"], r["accuracies"]) for r in runs
+            if r["variant"] != "random_init" and line(r) == name)]
+    return (center(baseline[0]) if baseline else None), lines
+
+
+def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float | None = None,
+         paired: bool = False) -> list[str]:
+    """Draws accuracy against pretraining FLOPs (`chart_lines`: median and min-max bars, or with
+    `paired` folds the mean and the gain's standard error), one line per variant, and returns the
+    legend's labels. A run with a "label" is drawn on a line of its own (one variant pretrained
+    with another recipe, say). `target_gain` adds a line that many points above no pretraining:
+    where a curve crosses it is the crossover to read off."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    paired = paired and any(r["variant"] == "random_init" for r in runs)
+    level, lines = chart_lines(runs, paired)
     fig, ax = plt.subplots(figsize=(7, 5.5), dpi=120)
-    baseline = [r for r in runs if r["variant"] == "random_init"]
-    start = []  # zero compute is random initialisation: every curve starts there
-    if baseline:
-        acc = baseline[0]["accuracies"]
-        level = statistics.median(acc)
+    if level is not None:
         ax.axhline(level, color="gray", linestyle="--", label=LABELS["random_init"])
-        start = [(0.0, acc)]
         if target_gain is not None:
             ax.axhline(level + target_gain, color="gray", linestyle=":",
                        label=f"{LABELS['random_init']} + {target_gain:g} points")
-
-    def line(run):
-        return run.get("label") or LABELS[run["variant"]]
-
-    for name in dict.fromkeys(line(r) for r in runs if r["variant"] != "random_init"):
-        points = start + sorted((r["pretrain_flops"], r["accuracies"]) for r in runs
-                                if r["variant"] != "random_init" and line(r) == name)
-        x = [p[0] / 1e12 for p in points]
-        med = [statistics.median(p[1]) for p in points]
-        spread = [[m - min(p[1]) for m, p in zip(med, points)],
-                  [max(p[1]) - m for m, p in zip(med, points)]]
-        ax.errorbar(x, med, yerr=spread, marker="o", capsize=3, label=name)
+    for name, points in lines.items():
+        x, y, below, above = zip(*points)
+        ax.errorbar(x, y, yerr=[below, above], marker="o", capsize=3, label=name)
     ax.set_xlim(left=0)
     ax.set_xlabel("pretraining compute (TFLOP, analytic matmul count)")
-    ax.set_ylabel(f"Rotten Tomatoes {split} accuracy (median over seeds)")
-    ax.set_title("Downstream accuracy vs pretraining compute (bars: min-max over seeds)")
+    ax.set_ylabel(f"Rotten Tomatoes {split} accuracy ({'mean over folds' if paired else 'median over seeds'})")
+    ax.set_title("Downstream accuracy vs pretraining compute\n(bars: "
+                 + ("standard error of the gain over no pretraining, fold by fold)" if paired
+                    else "min-max over seeds)"))
     ax.grid(alpha=0.3)
     # Below the axes, where it hides no point or bar.
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2, fontsize="small")

