@@ -260,8 +260,8 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     corpus.py). "tune": train on ~85% of the training split and score on the other ~15%, for
     choosing recipes without looking at dev. "cv": `corpus.CV_FOLDS`-fold cross-validation over
     the training split, one run per fold (fold k with seed `cfg.seed + k`, `num_seeds` unused),
-    so every training sentence is scored once; `model_dir/fold_<k>/` holds each run and
-    results.json lists them like seeds, with the accuracy pooled over all sentences under
+    so every training sentence is scored once; `model_dir/fold_<k>/` holds each run (a rerun
+    keeps the folds already done) and results.json lists them like seeds, with the accuracy pooled over all sentences under
     summary/pooled_accuracy. A randomly initialised encoder is the demo model with
     `cfg.model_overrides`, the shape of the pretrained one it is compared with.
     """
@@ -292,8 +292,14 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
         return runs(model_dir, train, evaluation, num_seeds or cfg.num_finetune_seeds, cfg.seed)
     from electra_tf.data.corpus import CV_FOLDS
 
-    folds = [runs(os.path.join(model_dir, f"fold_{k}"), f"fold{k}_train", f"fold{k}_eval", 1,
-                  cfg.seed + k)["runs"][0] for k in range(CV_FOLDS)]
+    def fold(k):  # a fold finished before an interruption is kept
+        folder = os.path.join(model_dir, f"fold_{k}")
+        done = os.path.join(folder, "results.json")
+        if os.path.exists(done):
+            return json.loads(Path(done).read_text())["runs"][0]
+        return runs(folder, f"fold{k}_train", f"fold{k}_eval", 1, cfg.seed + k)["runs"][0]
+
+    folds = [fold(k) for k in range(CV_FOLDS)]
     accuracies = [run["best"]["accuracy"] for run in folds]
     sizes = [run["num_eval_examples"] for run in folds]
     results = {"task": "rotten_tomatoes", "eval_split": "cv", "num_folds": CV_FOLDS,

@@ -133,6 +133,15 @@ def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_pa
     assert all((tmp_path / "cv" / f"fold_{k}" / "results.json").exists() for k in range(corpus.CV_FOLDS))
     assert demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
                                          eval_split="cv") == json.loads(json.dumps(results))
+    # Interrupted before the summary: the folds already done are kept, not fine-tuned again.
+    (tmp_path / "cv" / "results.json").unlink()
+    fold_0 = tmp_path / "cv" / "fold_0" / "results.json"
+    kept = json.loads(fold_0.read_text())
+    kept["runs"][0]["best"]["accuracy"] = 12.5
+    fold_0.write_text(json.dumps(kept))
+    again = demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
+                                          eval_split="cv")
+    assert again["summary"]["accuracy"]["values"] == [12.5, *accuracies[1:]]
 
 
 def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
