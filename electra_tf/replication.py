@@ -244,8 +244,8 @@ def plot(runs, path: str, split: str = SPLIT_LABELS["dev"], target_gain: float |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paired = paired and any(r["variant"] == "random_init" for r in runs)
     level, lines = chart_lines(runs, paired)
+    paired = paired and level is not None  # folds are paired with no pretraining's
     fig, ax = plt.subplots(figsize=(7, 5.5), dpi=120)
     if level is not None:
         ax.axhline(level, color="gray", linestyle="--", label=LABELS["random_init"])

@@ -170,11 +170,15 @@ def rotten_tomatoes_folds(num_folds: int = CV_FOLDS) -> list[list[tuple[str, int
     train, _ = rotten_tomatoes_split()
     folds = [[] for _ in range(num_folds)]
     for text, label in train:
-        digest = int.from_bytes(hashlib.sha1(f"fold:{text}".encode("utf-8")).digest(), "big")
-        folds[digest * num_folds >> 160].append((text, label))
+        folds[_hash_int(f"fold:{text}") * num_folds >> 160].append((text, label))
     return folds
+
+
+def _hash_int(key: str) -> int:
+    """sha1(key) read as a 160-bit big-endian integer."""
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest(), "big")
 
 
 def _hash_fraction(key: str) -> float:
     """sha1(key) read as a 160-bit integer and scaled to [0, 1)."""
-    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest(), "big") / float(1 << 160)
+    return _hash_int(key) / float(1 << 160)
