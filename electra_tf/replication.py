@@ -144,8 +144,8 @@ def run(cfg: ReplicationConfig) -> dict:
             accuracies = [r["best"]["accuracy"] for r in results["runs"]]
             runs.append({"variant": variant, "step": step, "pretrain_flops": step * flops_per_step,
                          "accuracies": accuracies})
-            print(f"{LABELS[variant]} @ step {step}: {SPLIT_LABELS[cfg.eval_split]} accuracy median "
-                  f"{statistics.median(accuracies):.2f} over {len(accuracies)} seeds", flush=True)
+            print(point_line(variant, step, cfg.eval_split, accuracies, runs[0]["accuracies"]),
+                  flush=True)
     results = {"config": dataclasses.asdict(cfg), "plan": plan, "runs": runs}
     Path(cfg.workdir, "results.json").write_text(json.dumps(results, indent=2) + "\n")
     table = results_table(runs, SPLIT_LABELS[cfg.eval_split], paired=cfg.eval_split == "cv")
@@ -154,6 +154,17 @@ def run(cfg: ReplicationConfig) -> dict:
          cfg.target_gain, paired=cfg.eval_split == "cv")
     print("\n" + table)
     return results
+
+
+def point_line(variant: str, step: int, split: str, accuracies, no_pretraining) -> str:
+    """The line printed as each point finishes: the median over seeds, or for cross-validation
+    folds the mean and the gain over no pretraining (`no_pretraining`), fold by fold."""
+    if split == "cv":
+        gain = statistics.mean(a - b for a, b in zip(accuracies, no_pretraining))
+        centre = f"mean {statistics.mean(accuracies):.2f} over {len(accuracies)} folds, gain {gain:+.2f}"
+    else:
+        centre = f"median {statistics.median(accuracies):.2f} over {len(accuracies)} seeds"
+    return f"{LABELS[variant]} @ step {step}: {SPLIT_LABELS[split]} accuracy {centre}"
 
 
 def results_table(runs, split: str = SPLIT_LABELS["dev"], paired: bool = False) -> str:

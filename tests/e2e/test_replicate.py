@@ -93,6 +93,20 @@ def test_cross_validated_tables_add_the_fold_by_fold_gain():
            "(+2.00, +1.00, +3.00)" in table
 
 
+def test_each_point_prints_the_median_of_seeds_or_the_mean_gain_of_folds():
+    from electra_tf.replication import point_line
+
+    none, electra = [70.0, 74.0, 72.0], [72.0, 75.0, 78.0]
+    assert point_line("electra", 100, "dev", electra, none) == \
+        "ELECTRA @ step 100: dev accuracy median 75.00 over 3 seeds"
+    # Folds: mean 75.00, and the gains +2, +1, +6 average +3.00.
+    assert point_line("electra", 100, "cv", electra, none) == \
+        "ELECTRA @ step 100: 5-fold CV of train accuracy mean 75.00 over 3 folds, gain +3.00"
+    # Gains +1, -2, +4 average +1.00, where the medians (72 and 72) would say no gain.
+    assert point_line("mlm", 5, "cv", [71.0, 72.0, 76.0], none).endswith(
+        "mean 73.00 over 3 folds, gain +1.00")
+
+
 def test_cross_validated_charts_draw_the_mean_and_the_gains_standard_error(tmp_path):
     from electra_tf.replication import chart_lines, plot
 
