@@ -51,9 +51,10 @@ class DemoConfig:
     pretrain_batch_size: int = 32
     # ~25 minutes at ~8 steps/s on 2 cores. On the held-out slice the tie-all recipe gained 2.4
     # points at 6,000 steps and 3.0 at 12,000 (every pretrained seed above every random one);
-    # README, "Demo recipe". On dev, measured after the choice, it gains about 1 point (24,000
-    # steps, --scale=2: +0.5); cross-validated on all 7,684 training sentences, 2.1 +- 0.35
-    # (--scale=2: 2.6 +- 0.4), +3 extrapolated at about --scale=9 (README, "Cross-validated").
+    # README, "Demo recipe". On dev, measured after the choice, it gains about 1 point
+    # (--scale=2 and --scale=4: +0.5); cross-validated on all 7,684 training sentences, 2.1 +- 0.35
+    # (--scale=2: 2.6 +- 0.4, --scale=4: 2.8 +- 0.17), +3 extrapolated at about --scale=8
+    # (README, "Cross-validated").
     pretrain_steps_at_scale_1: int = 12000
     # Changes to the demo model (`configs/electra_demo.json`), given to the pretrained encoder and
     # to the randomly initialised one it is compared with, so that the two have one shape.
