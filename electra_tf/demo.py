@@ -262,8 +262,8 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     choosing recipes without looking at dev. "cv": `corpus.CV_FOLDS`-fold cross-validation over
     the training split, one run per fold (fold k with seed `cfg.seed + k`, `num_seeds` unused),
     so every training sentence is scored once; `model_dir/fold_<k>/` holds each run (a rerun
-    keeps the folds already done) and results.json lists them like seeds, with the accuracy pooled over all sentences under
-    summary/pooled_accuracy. A randomly initialised encoder is the demo model with
+    keeps the folds already done) and results.json lists them like seeds, with the accuracy
+    pooled over all sentences under summary/pooled_accuracy. A randomly initialised encoder is the demo model with
     `cfg.model_overrides`, the shape of the pretrained one it is compared with.
     """
     from electra_tf.finetune.task_data import rotten_tomatoes_examples

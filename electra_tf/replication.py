@@ -161,7 +161,8 @@ def point_line(variant: str, step: int, split: str, accuracies, no_pretraining) 
     folds the mean and the gain over no pretraining (`no_pretraining`), fold by fold."""
     if split == "cv":
         gain = statistics.mean(a - b for a, b in zip(accuracies, no_pretraining))
-        centre = f"mean {statistics.mean(accuracies):.2f} over {len(accuracies)} folds, gain {gain:+.2f}"
+        centre = (f"mean {statistics.mean(accuracies):.2f} over {len(accuracies)} folds, "
+                  f"gain {gain:+.2f}")
     else:
         centre = f"median {statistics.median(accuracies):.2f} over {len(accuracies)} seeds"
     return f"{LABELS[variant]} @ step {step}: {SPLIT_LABELS[split]} accuracy {centre}"
