@@ -72,7 +72,10 @@ class JsonConfig:
         return dataclasses.asdict(self)
 
     def to_json(self, path: str | os.PathLike) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+        """Replaces `path` (never written through: `files.write_json`)."""
+        from electra_tf import files
+
+        files.write_json(path, self.to_dict(), sort_keys=True)
 
     def replace(self, **changes):
         return self.from_dict({**self.to_dict(), **changes}, source="replace()")

@@ -63,7 +63,13 @@ _LOWER_CASE = flags.DEFINE_bool(
     "lower_case", None, "Lower-case and strip accents (uncased vocabulary); --nolower_case keeps "
     "them (cased). Default: as the checkpoint records it (HF tokenizer_config.json, electra_tf "
     "pretraining config, a release's folder name), else uncased.")
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "Output folder.", required=True)
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Output folder. One run at a time (locked). A folder holding a finished model "
+    "fine-tuned with other settings is refused unless --overwrite; the old best/ and results.json "
+    "stay until the new ones are complete.", required=True)
+_OVERWRITE = flags.DEFINE_bool(
+    "overwrite", False, "Replace a finished model of other settings in --model_dir (it is kept "
+    "until the new one is complete).")
 _STRATEGY = flags.DEFINE_enum("strategy", "one_device",
                               ["one_device", "mirrored", "multi_worker", "tpu"], "Distribution.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name or address (--strategy=tpu).")
@@ -122,7 +128,7 @@ def main(argv):
             tfds_data_dir=path(_TFDS_DATA_DIR), init_checkpoint=path(_INIT_CHECKPOINT),
             vocab_file=path(_VOCAB_FILE), lower_case=_LOWER_CASE.value, strategy=strategy,
             model_size=_MODEL_SIZE.value, max_train_examples=_MAX_TRAIN.value,
-            max_eval_examples=_MAX_EVAL.value)
+            max_eval_examples=_MAX_EVAL.value, overwrite=_OVERWRITE.value)
     except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError) as e:
         raise SystemExit(f"electra-finetune: error: {e}")
     for name, s in results["summary"].items():

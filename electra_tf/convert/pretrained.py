@@ -20,12 +20,11 @@ Example:
 
 from __future__ import annotations
 
-import json
-import shutil
 import warnings
 from pathlib import Path
 from typing import NamedTuple
 
+from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import hf, tf1
 from electra_tf.convert.common import (
@@ -73,14 +72,14 @@ def save_electra_checkpoint(model, config: ElectraConfig, folder, vocab_file=Non
     if vocab_file is not None:
         vocab = "vocab.txt"
         if Path(vocab_file).resolve() != (out / vocab).resolve():
-            shutil.copyfile(vocab_file, out / vocab)
+            files.copy_file(vocab_file, out / vocab)
     disc = model.discriminator if network == "pretrainer" else model
     marker = {
         "format": "electra_tf", "version": 2, "network": network, "objects": sorted(objects),
         "checkpoint": CHECKPOINT_NAME, "config": "config.json", "vocab": vocab,
         "rtd_head": getattr(disc, "rtd_head", None) is not None if network != "generator" else None,
     }
-    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    files.write_json(out / MARKER, marker)
     return prefix
 
 

@@ -28,6 +28,7 @@ import json
 import shutil
 from pathlib import Path
 
+from electra_tf import files
 from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig
 from electra_tf.finetune.families import get_family
 from electra_tf.finetune.task_data import Task
@@ -46,17 +47,20 @@ def describe_finetuned(head, task: Task, fc: FinetuningConfig, **fields) -> Fine
 
 def save_finetuned(head, folder, model: FinetunedModelConfig, vocab_file) -> Path:
     """Writes `head` in the `best/` layout of the module docstring, described by `model`
-    (`describe_finetuned`)."""
+    (`describe_finetuned`), into `folder` (replaced: the trainer gives a private staging folder,
+    published as `best/` when the run is complete)."""
     import tensorflow as tf
 
     folder = Path(folder)
-    if folder.exists():
+    if folder.is_symlink():
+        folder.unlink()  # never write through a link we did not make
+    elif folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     tf.train.Checkpoint(model=head).write(str(folder / model.checkpoint))
-    shutil.copyfile(vocab_file, folder / model.vocab)
+    files.copy_file(vocab_file, folder / model.vocab)
     head.config.to_json(folder / "config.json")
-    (folder / HEAD_CONFIG).write_text(json.dumps(model.to_dict(), indent=2) + "\n")
+    files.write_json(folder / HEAD_CONFIG, model.to_dict())
     return folder
 
 

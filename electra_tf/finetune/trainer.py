@@ -57,13 +57,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig, model_size_of
@@ -100,7 +103,9 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
              data_dir=None, tfds_data_dir=None, init_checkpoint=None, vocab_file=None,
              lower_case: bool | None = None, model_dir, strategy=None, seed: int = 0,
              max_train_examples: int | None = None, max_eval_examples: int | None = None,
-             model_size: str | None = None, log: Callable[[str], None] = _log) -> dict:
+             model_size: str | None = None, log: Callable[[str], None] = _log,
+             overwrite: bool = False, settings: dict | None = None,
+             published=None) -> dict:
     """Fine-tunes one model on `task`; returns this run's results (also in model_dir/results.json).
 
     Args:
@@ -123,6 +128,12 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
       max_train_examples / max_eval_examples: keep that many (a fixed shuffle), for quick runs.
       model_size: "small" / "base" / "large" for the defaults (default: from the hidden size).
       log: where progress lines go.
+      overwrite: replace a finished model of other settings in model_dir (refused otherwise,
+        `check_finished_run`); either way the old `best/` stays until the new one is complete.
+      settings: what to record as this run's request (`request_settings`; default: from the
+        arguments above).
+      published: a function of this run's results giving the results.json to publish with its
+        model (run_seeds: the summary over one seed), or None for the results themselves.
 
     Returns:
       {"seed", "best_epoch", "best" (metrics of the best epoch; a second evaluation set's
@@ -130,19 +141,73 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
        "best_model_dir", "num_train_examples", "num_eval_examples", "train_steps",
        "lower_case", "submission" (GLUE test prediction files written, by name)}.
     """
-    import keras
-
     from electra_tf.training.strategy import is_chief
 
     strategy = resolve_strategy(strategy)
     out = _RunFolder(Path(model_dir), is_chief(strategy))  # only the chief writes (multi-worker)
-    task, files = _task_and_files(task, data_dir, train_path, eval_path)
+    try:
+        return _finetune(out, task, model_config, finetuning_config, train_examples=train_examples,
+                         eval_examples=eval_examples, train_path=train_path, eval_path=eval_path,
+                         data_dir=data_dir, tfds_data_dir=tfds_data_dir, init_checkpoint=init_checkpoint,
+                         vocab_file=vocab_file, lower_case=lower_case, strategy=strategy, seed=seed,
+                         max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+                         model_size=model_size, log=log, overwrite=overwrite, settings=settings,
+                         published=published)
+    finally:
+        out.close()
+
+
+def request_settings(task, model_config=None, finetuning_config=None, **given) -> dict:
+    """What a run was asked for, as recorded in results.json ("settings") and compared when a
+    later run targets the same model_dir: the task, the starting point, the hyperparameter
+    overrides, the data files and limits (`given`: their keyword arguments)."""
+    def plain(value):
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {str(k): plain(v) for k, v in value.items()}
+        if hasattr(value, "to_dict"):
+            return plain(value.to_dict())
+        if dataclasses.is_dataclass(value):
+            return plain(dataclasses.asdict(value))
+        if isinstance(value, os.PathLike):
+            return os.path.abspath(value)
+        return repr(value)
+
+    paths = {"init_checkpoint", "train_path", "eval_path", "data_dir", "vocab_file"}
+    settings = {"task": plain(task), "model_config": plain(model_config),
+                "finetuning_config": plain(finetuning_config)}
+    for name, value in given.items():
+        if name in paths and isinstance(value, (str, os.PathLike)):
+            value = os.path.abspath(os.path.expanduser(value))
+        settings[name] = plain(value)
+    return settings
+
+
+def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train_examples,
+              eval_examples, train_path, eval_path, data_dir, tfds_data_dir, init_checkpoint,
+              vocab_file, lower_case, strategy, seed, max_train_examples, max_eval_examples,
+              model_size, log, overwrite, settings, published) -> dict:
+    import keras
+
+    if settings is None:
+        settings = request_settings(
+            task, model_config, finetuning_config, init_checkpoint=init_checkpoint,
+            train_path=train_path, eval_path=eval_path, data_dir=data_dir, vocab_file=vocab_file,
+            lower_case=lower_case, seed=seed, max_train_examples=max_train_examples,
+            max_eval_examples=max_eval_examples, model_size=model_size,
+            train_examples=None if train_examples is None else len(train_examples),
+            eval_examples=None if eval_examples is None else len(eval_examples))
+    out.check_rerun(settings, overwrite)
+    task, files_ = _task_and_files(task, data_dir, train_path, eval_path)
     family = get_family(task.family)
     encoder = _Encoder.of(init_checkpoint, model_config, vocab_file)
     tokenizer, lower_case = encoder.tokenizer(lower_case, log=log, warn=_warner(log))
     fc = _finetuning_config(finetuning_config, encoder.config, task.name, model_size)
     out.write_config("finetuning_config.json", fc)
-    data = _TaskData.load(family, task, files, tokenizer, fc, train_examples=train_examples,
+    data = _TaskData.load(family, task, files_, tokenizer, fc, train_examples=train_examples,
                           eval_examples=eval_examples, tfds_data_dir=tfds_data_dir,
                           max_train_examples=max_train_examples, max_eval_examples=max_eval_examples)
     steps = _Steps.of(data.num_train, fc.train_batch_size, fc.num_train_epochs)
@@ -167,13 +232,13 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
                 out.save_best(head, model, encoder.vocab_file, family, records)
     logbook.close()
     submission = _write_submissions(head, family, task, data.test_sets, best, fc, strategy, out, log)
-    return out.write_results(
+    return out.write_results(published, dict(
         task=task.name, seed=seed, main_metric=list(family.metrics(task).main),
         best_epoch=best.epoch, best=best.metrics, history=logbook.history,
         model_dir=str(out.path), best_model_dir=str(out.path / "best"),
         num_train_examples=len(data.train_examples), num_eval_examples=len(data.eval_sets["dev"].examples),
         train_steps=steps.total, init_checkpoint=encoder.init_checkpoint, lower_case=lower_case,
-        submission=submission)
+        submission=submission, settings=json.loads(json.dumps(settings, default=str))))
 
 
 # ---------------------------------------------------------------------------------------
@@ -571,17 +636,38 @@ class _TrainingLog:
 # ---------------------------------------------------------------------------------------
 
 
+class RunFolderError(ValueError):
+    """`model_dir` holds a finished model of other settings (refused unless `overwrite`)."""
+
+
 @dataclasses.dataclass
 class _RunFolder:
     """`model_dir`: what a run writes there. Only the chief writes (multi-worker: the other
-    workers run the same loop and write nothing)."""
+    workers run the same loop and write nothing).
+
+    A finished model is never lost (`electra_tf.files`): the chief locks the folder for the run;
+    the best epoch is written to a private staging folder, and only when the run is complete is
+    it swapped in for `best/` in one step, with this run's `results.json` inside it, so that the
+    top-level `results.json` (a link to `best/results.json`) and `best/` always change together.
+    A kill at any instant leaves the previous `best/` and its results, or the new ones.
+    """
 
     path: Path
     chief: bool
 
     def __post_init__(self):
+        self.staging = None
+        self.lock = None
         if self.chief:
-            self.path.mkdir(parents=True, exist_ok=True)
+            self.lock = files.FolderLock(self.path, "electra-finetune").acquire()
+            files.recover_folder(self.path / "best")
+            files.remove_stale_temporaries(self.path)
+
+    def check_rerun(self, settings: dict, overwrite: bool) -> None:
+        """Refuses a folder that holds a finished model of other `settings` (unless `overwrite`);
+        the old model stays until this run's is complete either way."""
+        if self.chief:
+            check_finished_run(self.path, settings, overwrite)
 
     def write_config(self, name: str, config) -> None:
         if self.chief:
@@ -589,7 +675,7 @@ class _RunFolder:
 
     def write_json(self, name: str, value: dict) -> None:
         if self.chief:
-            (self.path / name).write_text(json.dumps(value, indent=2) + "\n")
+            files.write_json(self.path / name, value)
 
     def write_predictions(self, family: TaskFamily, records: dict, folder: Path, stem: str) -> None:
         """Each evaluation set's records as the family writes them: `<stem>` for "dev",
@@ -598,15 +684,100 @@ class _RunFolder:
             for name, set_records in records.items():
                 family.write_predictions(set_records, folder, stem if name == "dev" else f"{stem}_{name}")
 
+    @property
+    def best_in_progress(self) -> Path:
+        """Where this run's best model is written until the run is complete."""
+        if self.staging is None:
+            self.staging = Path(tempfile.mkdtemp(prefix=".best.staging-", dir=self.path))
+        return self.staging
+
     def save_best(self, head, model: FinetunedModelConfig, vocab_file, family: TaskFamily, records: dict) -> None:
         if self.chief:
-            folder = save_finetuned(head, self.path / "best", model, vocab_file)
+            folder = save_finetuned(head, self.best_in_progress, model, vocab_file)
             self.write_predictions(family, records, folder, "predictions")
 
-    def write_results(self, **result) -> dict:
-        """Writes `results.json`; returns `result`."""
-        self.write_json("results.json", result)
+    def write_results(self, published, result: dict) -> dict:
+        """Publishes this run's model as `best/` with `result` (or `published(result)`) as its
+        results.json; returns `result`."""
+        if self.chief:
+            publish_best(self.path, self.staging, result if published is None else published(result))
+            self.staging = None
         return result
+
+    def close(self) -> None:
+        """Drops what an unfinished run staged, and the lock."""
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+RESULTS = "results.json"
+
+
+def publish_best(model_dir: Path, staging: Path | None, results: dict) -> None:
+    """Puts `staging` (a complete model with its predictions) at `model_dir/best/` in one step,
+    with `results` as `best/results.json`, and makes `model_dir/results.json` a relative link to
+    it. Without `staging` (no model saved), writes results.json alone."""
+    model_dir = Path(model_dir)
+    top = model_dir / RESULTS
+    if staging is None:
+        files.write_json(top, results)
+        return
+    files.write_json(staging / RESULTS, results)
+    old = model_dir / "best"
+    if os.path.isdir(old) and not os.path.islink(old) and not os.path.lexists(old / RESULTS) \
+            and os.path.isfile(top) and not os.path.islink(top):
+        # A folder of an earlier version (results.json beside best/, not in it): keep the pair
+        # consistent through the switch to the link.
+        files.copy_file(top, old / RESULTS)
+    _link(top, f"best/{RESULTS}")
+    files.publish_folder(staging, old)
+
+
+def _link(path: Path, target: str) -> None:
+    """`path` becomes a symlink to `target`, replacing what is there in one rename."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        return
+    tmp = files.temporary_name(path)
+    os.symlink(target, tmp)
+    os.replace(tmp, path)
+
+
+def finished_settings(model_dir) -> dict | None:
+    """The settings recorded with the finished model in `model_dir` ({} for a model of an
+    earlier version that recorded none), or None when it holds no finished model."""
+    model_dir = Path(model_dir)
+    results = model_dir / RESULTS
+    if not (model_dir / "best").is_dir() or not results.is_file():
+        return None
+    try:
+        return json.loads(results.read_text()).get("settings") or {}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def check_finished_run(model_dir, settings: dict, overwrite: bool) -> None:
+    """Raises RunFolderError naming every setting that differs when `model_dir` holds a finished
+    model fine-tuned otherwise, unless `overwrite`. The same settings rerun (the new model
+    replaces the old one only when complete)."""
+    recorded = finished_settings(model_dir)
+    if recorded is None or overwrite:
+        return
+    settings = json.loads(json.dumps(settings, default=str))
+    if not recorded:
+        differs = "its settings are not recorded (an earlier version wrote it)"
+    else:
+        names = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+        if not names:
+            return
+        differs = ("it was fine-tuned with " + ", ".join(f"{k}={recorded.get(k)!r}" for k in names)
+                   + ", this run asks for " + ", ".join(f"{k}={settings.get(k)!r}" for k in names))
+    raise RunFolderError(
+        f"model_dir {model_dir} holds a finished model: {differs}; use another --model_dir, or "
+        "--overwrite to replace it (the old model stays until the new one is complete)")
 
 
 def _write_submissions(head, family: TaskFamily, task: Task, test_sets: dict, best: _BestEpoch,
@@ -621,7 +792,8 @@ def _write_submissions(head, family: TaskFamily, task: Task, test_sets: dict, be
     for name, data in test_sets.items():
         outputs = predict_outputs(head, strategy, data.arrays, fc.eval_batch_size)
         if out.chief:
-            path = family.write_submission(task, out.path / "best" / "submission" / name, data, outputs)
+            path = family.write_submission(task, out.best_in_progress / "submission" / name, data, outputs)
+            path = out.path / "best" / Path(path).relative_to(out.best_in_progress)  # where it will be
             written[name] = str(path)
             log(f"wrote the {len(data.examples)} test predictions of the best epoch "
                 f"({best.epoch:g}) to {path}")
@@ -665,8 +837,22 @@ def summarize(values: Sequence[float]) -> dict:
             "values": [float(v) for v in x]}
 
 
+def _summary_of(runs: list, model_dir: Path) -> dict:
+    """The results.json of `run_seeds`: every run, and each best-epoch metric's spread."""
+    names = [k for k in runs[0]["best"] if all(k in r["best"] for r in runs)]
+    summary = {name: summarize([r["best"][name] for r in runs]) for name in names}
+    best_run = max(runs, key=lambda r: r["best"]["main"])
+    return {
+        "task": runs[0]["task"], "num_seeds": len(runs), "seeds": [r["seed"] for r in runs],
+        "main_metric": runs[0]["main_metric"], "summary": summary,
+        "median": {name: s["median"] for name, s in summary.items()},
+        "best_seed": best_run["seed"], "best_model_dir": str(Path(model_dir) / "best"),
+        "best_model": "best", "runs": runs, "settings": runs[0]["settings"],
+    }
+
+
 def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num_seeds: int = 1,
-              seed: int = 0, **kwargs) -> dict:
+              seed: int = 0, overwrite: bool = False, **kwargs) -> dict:
     """Runs `finetune` with seeds seed, seed+1, ...; writes `model_dir/results.json` with every
     run and the median and spread of each best-epoch metric (the paper reports the median over
     seeds). The chosen model is always `model_dir/best/`:
@@ -675,6 +861,10 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
     - several: each run in `model_dir/seed_<s>/`, and `model_dir/best/` a copy of the `best/` of
       the seed with the highest main metric (`results.json` "best_seed"), so that export and
       `load_finetuned(model_dir)` take the same folder whatever the number of seeds.
+
+    A model_dir holding a finished model of other settings is refused unless `overwrite`
+    (`check_finished_run`); the previous `best/` and results.json stay until the new ones are
+    complete and replace them together (`_RunFolder`).
     """
     if num_seeds < 1:
         raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
@@ -682,26 +872,36 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
 
     model_dir = Path(model_dir)
     kwargs["strategy"] = resolve_strategy(kwargs.get("strategy"))  # one strategy for every seed
-    runs = []
-    for s in range(seed, seed + num_seeds):
-        run_dir = model_dir if num_seeds == 1 else model_dir / f"seed_{s}"
-        runs.append(finetune(task, model_config, finetuning_config, model_dir=run_dir, seed=s, **kwargs))
-    names = [k for k in runs[0]["best"] if all(k in r["best"] for r in runs)]
-    summary = {name: summarize([r["best"][name] for r in runs]) for name in names}
-    best_run = max(runs, key=lambda r: r["best"]["main"])
-    results = {
-        "task": runs[0]["task"], "num_seeds": num_seeds, "seeds": [r["seed"] for r in runs],
-        "main_metric": runs[0]["main_metric"], "summary": summary,
-        "median": {name: s["median"] for name, s in summary.items()},
-        "best_seed": best_run["seed"], "best_model_dir": str(model_dir / "best"),
-        "best_model": "best", "runs": runs,
-    }
-    if is_chief(kwargs["strategy"]):
-        model_dir.mkdir(parents=True, exist_ok=True)
-        if num_seeds > 1:
-            best = model_dir / "best"
-            if best.exists():
-                shutil.rmtree(best)
-            shutil.copytree(best_run["best_model_dir"], best)
-        (model_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
+    chief = is_chief(kwargs["strategy"])
+    settings = request_settings(
+        task, model_config, finetuning_config, seed=seed, num_seeds=num_seeds,
+        **{k: (len(v) if k.endswith("_examples") and not k.startswith("max_") and v is not None else v)
+           for k, v in kwargs.items() if k not in ("strategy", "log", "tfds_data_dir")})
+    lock = files.FolderLock(model_dir, "electra-finetune").acquire() if chief else None
+    try:
+        if chief:
+            check_finished_run(model_dir, settings, overwrite)
+        runs = []
+        for s in range(seed, seed + num_seeds):
+            run_dir = model_dir if num_seeds == 1 else model_dir / f"seed_{s}"
+            # One seed: its model is best/ itself, published with the summary as results.json.
+            published = (lambda run: _summary_of([run], model_dir)) if num_seeds == 1 else None
+            runs.append(finetune(task, model_config, finetuning_config, model_dir=run_dir, seed=s,
+                                 overwrite=overwrite, settings=settings, published=published,
+                                 **kwargs))
+        results = _summary_of(runs, model_dir)
+        if chief:
+            if num_seeds > 1:
+                best_run = next(r for r in runs if r["seed"] == results["best_seed"])
+                staging = Path(tempfile.mkdtemp(prefix=".best.staging-", dir=model_dir))
+                try:
+                    shutil.rmtree(staging)
+                    shutil.copytree(best_run["best_model_dir"], staging, symlinks=True)
+                    files.give_normal_mode(staging)
+                    publish_best(model_dir, staging, results)
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+        return results
+    finally:
+        if lock is not None:
+            lock.release()

@@ -81,6 +81,7 @@ import keras
 import tensorflow as tf
 from absl import logging
 
+from electra_tf import files
 from electra_tf.config import ConfigError, ElectraConfig, JsonConfig, check_field_types
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
@@ -588,11 +589,9 @@ def _previous_facts(model_dir: str, latest) -> dict:
 
 
 def _write_run_record(model_dir: str, record: dict) -> None:
-    """pretraining_config.json, replaced in one rename (a full disk leaves the old one)."""
-    path = os.path.join(model_dir, CONFIG_FILE)
-    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
-        f.write(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    """pretraining_config.json, replaced in one rename (a full disk leaves the old one; a link
+    planted at the name is replaced, not written through: `files.write_json`)."""
+    files.write_json(os.path.join(model_dir, CONFIG_FILE), record, sort_keys=True)
 
 
 # --- SIGTERM ------------------------------------------------------------------------------------
@@ -868,7 +867,7 @@ def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: 
                 progress.reset_clock(step)  # the ETA should not count the first trace
             every = config.save_checkpoints_steps
             if step // every > previous // every or bool(stop) or step >= config.num_train_steps:
-                saved = manager.save(checkpoint_number=step)
+                saved = _save(manager, step)
                 logging.info("Saved checkpoint %s", saved)
             if bool(stop):
                 preempted = True
@@ -876,6 +875,18 @@ def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: 
                                 "resume", step)
                 break
     return step, preempted, metrics, saved
+
+
+def _save(manager: tf.train.CheckpointManager, step: int) -> str:
+    """A checkpoint at `step`; a failed save (a full disk) removes its partial files before the
+    error goes up, so the newest complete checkpoint stays the one a rerun resumes from."""
+    try:
+        return manager.save(checkpoint_number=step)
+    except Exception:
+        files.remove_stale_temporaries(manager.directory)
+        for partial in tf.io.gfile.glob(os.path.join(manager.directory, f"{CHECKPOINT_PREFIX}-{step}.*")):
+            tf.io.gfile.remove(partial)
+        raise
 
 
 def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data_pattern,
@@ -909,10 +920,32 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     model_dir = str(model_dir)
     replicas = strategy.num_replicas_in_sync
     _check_batch_split(config, replicas)
-    changes = check_run_folder(model_dir, model_config, config, allow_changes)
+    check_run_folder(model_dir, model_config, config, allow_changes)  # before anything is written
     skipped_records = _check_input(data_pattern, config, check_shards, skip_corrupt)
     chief = is_chief(strategy)
+    # One writer per run folder: the chief locks it for the whole run (workers write elsewhere).
+    lock = files.FolderLock(model_dir, "electra-pretrain").acquire() if chief else None
+    try:
+        # Again under the lock: a run that ended meanwhile may have left its record.
+        changes = check_run_folder(model_dir, model_config, config, allow_changes)
+        return _run_pretraining(model_config, config, data_pattern, model_dir, strategy,
+                                vocab_file=vocab_file, flags=flags, skip_corrupt=skip_corrupt,
+                                init=init, run_facts=run_facts, changes=changes,
+                                skipped_records=skipped_records)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _run_pretraining(model_config, config, data_pattern, model_dir: str, strategy, *, vocab_file,
+                     flags, skip_corrupt, init, run_facts, changes, skipped_records):
+    replicas = strategy.num_replicas_in_sync
+    chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
+    if chief:  # what a killed run left: checkpoint temporaries, a half-written discriminator
+        files.recover_folder(os.path.join(model_dir, "discriminator"))
+        for path in files.remove_stale_temporaries(model_dir):
+            logging.info("Removed %s, left by an interrupted run", path)
 
     previous_policy = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(MIXED_PRECISION[config.mixed_precision])
@@ -937,8 +970,9 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
         if not preempted:
             # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the
             # others write to their temporary folder, deleted below), so only the chief says so.
-            target = Path(write_dir) / "discriminator"
-            export_discriminator(model, target, vocab_file=vocab_file)
+            # Built aside and swapped in whole: a kill leaves the previous discriminator/ or this one.
+            with files.staged_folder(Path(write_dir) / "discriminator") as staging:
+                export_discriminator(model, staging, vocab_file=vocab_file)
             disc_dir = str(Path(model_dir) / "discriminator")
             if chief:
                 logging.info("Saved the discriminator to %s", disc_dir)
