@@ -30,7 +30,8 @@ _PROCS = flags.DEFINE_integer("num_processes", 0, "Worker processes; 0 = number 
 _SEED = flags.DEFINE_integer("seed", 0, "Packing seed (output is identical for any "
                              "--num_processes).")
 _ON_ERROR = flags.DEFINE_enum("on_error", "warn", ["warn", "fail"],
-                              "Non-UTF-8 input: warn with file:line and replace, or fail.")
+                              "Non-UTF-8 bytes in a text file: replace them, with one warning "
+                              "per file (first file:line, count), or fail at the first.")
 _LOWER = flags.DEFINE_bool("lower_case", True, "Lower-case and strip accents (BERT uncased); "
                            "--nolower_case keeps both, for a cased vocabulary. Recorded in "
                            "manifest.json, which electra-pretrain reads.")

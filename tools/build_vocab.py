@@ -36,8 +36,12 @@ def main(argv):
     start = time.time()
     from electra_tf.data import tokenizer as tokenization  # TensorFlow: after the flags
 
-    vocab = tokenization.learn_vocab(lines, _VOCAB_SIZE.value, lower_case=_LOWER.value,
-                                     num_unused=_UNUSED.value)
+    try:
+        vocab = tokenization.learn_vocab(lines, _VOCAB_SIZE.value, lower_case=_LOWER.value,
+                                         num_unused=_UNUSED.value)
+    except ValueError as e:  # pretraining_data.BadInputError: an input named, as build-data does
+        logging.error("%s", e)
+        raise SystemExit(f"error: {e}")
     tokenization.write_vocab(vocab, _OUTPUT.value)
     logging.info("Wrote %d tokens to %s in %.0fs", len(vocab), _OUTPUT.value,
                  time.time() - start)

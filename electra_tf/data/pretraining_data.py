@@ -31,8 +31,11 @@ Two parts:
      their temp file, within `ORPHAN_POLL_SECONDS` of the builder dying without cleaning up
      (SIGKILL, OOM killer). A worker that dies alone ends the build the same way.
 
-Bad input: non-UTF-8 bytes are reported with file:line and replaced by U+FFFD (`on_error="warn"`)
-or stop the build (`on_error="fail"`); empty input files are skipped with a warning; blank-only
+Bad input: a file that is not UTF-8 text (a NUL byte, or mostly invalid lines, at its start:
+`corpus.not_text_reason`) stops the build naming it, as do a folder without files and inputs
+without a line of text; in a text file, non-UTF-8 bytes are replaced by U+FFFD and reported in one
+warning per file, with the first file:line and the count (`on_error="warn"`), or stop the build
+at the first (`on_error="fail"`); empty input files are skipped with a warning; blank-only
 documents produce nothing; documents that tokenize to nothing are counted and reported; a line over
 `max_line_bytes` is truncated with a warning (exact whenever the kept prefix still has at least
 `max_seq_length` WordPieces, because the packer never keeps more than that from one line).
@@ -62,6 +65,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
 import numpy as np
 from absl import logging
 
+from electra_tf.files import FolderLock, write_json
 from electra_tf.data.inputs import INPUT_KEYS, pack_segments
 
 SHARD_PREFIX = "pretrain_data.tfrecord"
@@ -218,14 +222,17 @@ def parse_example(record: bytes) -> dict:
 def expand_inputs(inputs: Iterable[str]) -> list[str]:
     """Files, directories (walked recursively, hidden entries skipped) and globs -> sorted files.
 
-    Raises BadInputError naming any input that matches nothing.
+    Raises BadInputError naming any input that matches nothing (a folder without files too).
     """
     files: set[str] = set()
     for pattern in inputs:
         if os.path.isdir(pattern):
+            found = len(files)
             for root, dirs, names in os.walk(pattern):
                 dirs[:] = [d for d in dirs if not d.startswith(".")]
                 files.update(os.path.join(root, n) for n in names if not n.startswith("."))
+            if len(files) == found:
+                raise BadInputError(f"{pattern}: folder without files (hidden ones are skipped)")
         elif os.path.isfile(pattern):
             files.add(pattern)
         else:
@@ -255,8 +262,16 @@ class UnitIndex:
         return len(self.start)
 
 
-def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES) -> UnitIndex:
-    """Scans the inputs once and records each unit's byte range (see module docstring)."""
+def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES,
+                on_error: str = "warn") -> UnitIndex:
+    """Scans the inputs once and records each unit's byte range (see module docstring).
+
+    Raises BadInputError naming a file whose start is not UTF-8 text (`corpus.not_text_reason`).
+    With `on_error="warn"` a file's invalid UTF-8 lines are reported here, in one warning per
+    file; the shards replace their bytes without a word ("fail" stops where a shard reads one).
+    """
+    from electra_tf.data import corpus
+
     fidx, starts, ends, lines_at = [], [], [], []
     total = 0
     for i, path in enumerate(files):
@@ -265,10 +280,16 @@ def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES) -> U
         except OSError as e:
             raise BadInputError(f"{path}: cannot open: {e}") from e
         offset, line_no, unit_start, unit_line, unit_len = 0, 0, -1, 0, 0
+        invalid = corpus.InvalidUtf8Lines(path)
         try:
             with f:
+                reason = corpus.not_text_reason(f.read(corpus.HEAD_BYTES))
+                if reason:
+                    raise BadInputError(f"{path}: {reason}")
+                f.seek(0)
                 for raw in f:
                     line_no += 1
+                    invalid.decode(raw, line_no)
                     if raw.strip():
                         if unit_start < 0:
                             unit_start, unit_line, unit_len = offset, line_no, 0
@@ -280,6 +301,8 @@ def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES) -> U
                         unit_start = -1
         except (OSError, EOFError, gzip.BadGzipFile) as e:
             raise BadInputError(f"{path}:{line_no + 1}: cannot read: {e}") from e
+        if on_error == "warn":
+            invalid.report()
         if unit_start >= 0:
             fidx.append(i), starts.append(unit_start), ends.append(offset)
             lines_at.append(unit_line)
@@ -352,11 +375,8 @@ def shard_seed(seed: int, index: int) -> int:
 
 
 def _write_json_atomic(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    """Replaces `path` (`files.write_json`: an exclusive temporary, never through a link)."""
+    write_json(path, obj, sort_keys=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,11 +461,7 @@ def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig)
                     f"{path}:{line_no}: invalid UTF-8 at byte {e.start} of the line "
                     f"({e.reason}); rerun with on_error=warn to replace such bytes"
                 ) from None
-            else:
-                logging.warning(
-                    "%s:%d: invalid UTF-8 at byte %d of the line (%s); replaced with U+FFFD",
-                    path, line_no, e.start, e.reason,
-                )
+            else:  # reported by `index_units`, once per file
                 text = raw.decode("utf-8", errors="replace")
         yield line_no, text
 
@@ -689,7 +705,8 @@ def build_pretraining_data(
     worker process dies; no process and no temp file is left then (module docstring, 5).
     """
     try:
-        with _signals_raise_interrupted():
+        # One builder per output folder (a second one exits at once naming the first's pid).
+        with FolderLock(config.output_dir, "electra-build-data"), _signals_raise_interrupted():
             return _build(config, progress_every, on_shard_done)
     except BuildInterrupted as e:
         out = config.output_dir
@@ -806,11 +823,13 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
     os.makedirs(os.path.join(config.output_dir, STATS_DIR), exist_ok=True)
     files, embedded = _input_files(config)
     t0 = time.time()
-    index = index_units(files)
+    index = index_units(files, on_error=config.on_error)
     logging.info("Indexed %d files, %.1f MB, %d documents in %.1fs",
                  len(files), index.total_bytes / 1e6, len(index), time.time() - t0)
     if len(index) == 0:
-        raise BadInputError(f"no text in the inputs: {', '.join(files[:5])}")
+        from electra_tf.data import corpus
+
+        raise BadInputError(corpus.no_text_message(config.inputs, files))
 
     num_shards = config.num_shards or min(
         1000, max(8, math.ceil(index.total_bytes / AUTO_SHARD_BYTES)))
@@ -923,27 +942,35 @@ def iter_text_lines(inputs: Sequence[str], max_lines: int = 0,
                     log_every: int = 0) -> Iterator[str]:
     """Non-blank lines of the inputs (or of the embedded IMDB corpus when `inputs` is empty).
 
-    Non-UTF-8 bytes are replaced with a warning naming file:line; used to learn vocabularies.
+    Used to learn vocabularies, with the build's checks: BadInputError names a file that is not
+    UTF-8 text (every file is looked at before the first line is yielded), and the inputs when
+    they hold no line of text; invalid UTF-8 bytes are replaced, with one warning per file.
     """
+    from electra_tf.data import corpus
+
     def lines():
         if not inputs:
-            from electra_tf.data import corpus
-
             for doc in corpus.imdb_documents():
                 yield from doc
             return
-        for path in expand_inputs(inputs):
+        files = expand_inputs(inputs)
+        for path in files:
+            with _open(path) as f:
+                reason = corpus.not_text_reason(f.read(corpus.HEAD_BYTES))
+            if reason:
+                raise BadInputError(f"{path}: {reason}")
+        found = False
+        for path in files:
+            invalid = corpus.InvalidUtf8Lines(path)
             with _open(path) as f:
                 for line_no, raw in enumerate(f, start=1):
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        logging.warning("%s:%d: invalid UTF-8 (%s); replaced with U+FFFD",
-                                        path, line_no, e.reason)
-                        text = raw.decode("utf-8", errors="replace")
-                    text = text.strip()
+                    text = invalid.decode(raw, line_no).strip()
                     if text:
+                        found = True
                         yield text
+            invalid.report()
+        if not found:
+            raise BadInputError(corpus.no_text_message(inputs, files))
 
     start = time.time()
     for n, line in enumerate(lines(), start=1):

@@ -303,22 +303,41 @@ def learn_vocab(
       num_unused: [unusedN] placeholders after the five specials (see `special_token_layout`).
     Returns:
       The vocab, specials first, one token per entry (write one per line).
+    Raises:
+      ValueError: `texts` holds no word to count (tf-text's learner fails with StopIteration).
+      An error raised while iterating `texts` is raised as itself once the learner is done with
+      the lines before it (`pretraining_data.iter_text_lines` names a file that is not text, or
+      inputs without text, this way, before the first line). Let through, it would become a
+      tf.data op error whose message, and TensorFlow's log, hold a Python traceback.
     """
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bvfd
 
+    raised = []  # what iterating `texts` raised
     if not isinstance(texts, tf.data.Dataset):
         iterable = texts
-        texts = tf.data.Dataset.from_generator(
-            lambda: iter(iterable), output_signature=tf.TensorSpec([], tf.string)
-        )
+
+        def generate():
+            try:
+                yield from iterable
+            except Exception as e:  # pylint: disable=broad-except
+                raised.append(e)  # the dataset ends here; raised below
+
+        texts = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec([], tf.string))
     reserved = special_token_layout(num_unused)
-    vocab = bvfd.bert_vocab_from_dataset(
-        texts.batch(batch_size).prefetch(2),
-        vocab_size=vocab_size,
-        reserved_tokens=reserved,
-        bert_tokenizer_params={"lower_case": lower_case},
-        learn_params={},
-    )
+    try:
+        vocab = bvfd.bert_vocab_from_dataset(
+            texts.batch(batch_size).prefetch(2),
+            vocab_size=vocab_size,
+            reserved_tokens=reserved,
+            bert_tokenizer_params={"lower_case": lower_case},
+            learn_params={},
+        )
+    except StopIteration:  # the learner found no word to count
+        if raised:
+            raise raised[0] from None
+        raise ValueError("no text to learn a WordPiece vocabulary from") from None
+    if raised:
+        raise raised[0]
     # The learner may emit a reserved token again or a token with whitespace; keep the file valid.
     seen, out = set(), []
     for token in vocab:
@@ -329,8 +348,8 @@ def learn_vocab(
 
 
 def write_vocab(vocab: Sequence[str], path: str) -> None:
-    """Writes one token per line (atomically: temp file, then rename)."""
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write("".join(t + "\n" for t in vocab))
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    """Writes one token per line, replacing `path` in one rename (`files.write_text`: an exclusive
+    temporary; a link planted at `path` is replaced, not written through)."""
+    from electra_tf import files
+
+    files.write_text(path, "".join(t + "\n" for t in vocab))

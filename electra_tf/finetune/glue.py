@@ -46,7 +46,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
-from electra_tf.finetune.task_data import SentenceExample, Task, TaskDataError
+from electra_tf.finetune.task_data import SentenceExample, Task, TaskDataError, open_text
 
 _MAX_LOGGED = 5  # skipped rows named in the log (then "and N more")
 
@@ -164,8 +164,8 @@ class GlueFile:
 
 
 def _open_rows(path: str):
-    # utf-8-sig: MRPC's header keeps the byte-order mark of msr_paraphrase_train.txt.
-    f = open(path, encoding="utf-8-sig", newline="")
+    # MRPC's header keeps the byte-order mark of msr_paraphrase_train.txt: open_text drops it.
+    f = open_text(path, newline="")
     csv.field_size_limit(1 << 30)
     return f, csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
 

@@ -22,6 +22,10 @@ named columns (`sentence1`, `sentence2`, `label`). `data_files(task, data_dir)` 
 train / dev (/ GLUE test) files in a folder.
 
 Bad input raises `TaskDataError` whose message starts with `file:line:` and names the field.
+Every reader opens files with `open_text`, which drops a UTF-8 byte-order mark (Excel and Notepad
+write one before a CSV header). A training file with a single label is refused when the label set
+is inferred from it, and warned about when the task declares its labels (`infer_label_names`,
+`load_examples`).
 
 Example:
   task = Task("my_sentiment", "classification", text_column="review", label_column="stars")
@@ -204,13 +208,26 @@ def _sorted_labels(labels) -> tuple[str, ...]:
 
 def infer_label_names(task: Task, path: str | os.PathLike) -> tuple[str, ...]:
     """The sorted set of labels in a (training) file, for a family with a label set
-    (classification, tagging)."""
+    (classification, tagging).
+
+    Raises TaskDataError naming the file, the field and the label when the file has one label
+    only. A model over one class learns nothing (its softmax is 1 whatever the input, the loss 0)
+    and answers that class for everything, so the run would only cost time; a file with one
+    label is nearly always a mistake: the wrong --label_column, a file sorted by label and cut,
+    the positive half of a split. Training on it anyway takes declaring the label set (--labels),
+    and `load_examples` still warns then.
+    """
     from electra_tf.finetune.families import get_family
 
     path = os.fspath(path)
     found = get_family(task.family).labels_in_file(task, path)
     if not found:
         raise TaskDataError(f"{path}:1: field {task.label_column!r}: no labels in the file")
+    if len(found) == 1:
+        raise TaskDataError(
+            f"{path}: field {task.label_column!r}: every label in the file is {next(iter(found))!r}; "
+            "a classifier needs two classes or more to learn anything (check the label column, or "
+            "declare the label set with --labels to train on this file anyway)")
     return _sorted_labels(found)
 
 
@@ -249,7 +266,8 @@ def load_examples(task: Task, split: str = "train", *, path: str | os.PathLike |
       data_dir: TFDS data directory (used when `path` is None and the task has `tfds_name`).
 
     Raises TaskDataError naming the file and the split when a local file holds no example (a
-    header and nothing else, say): training and evaluation need at least one.
+    header and nothing else, say): training and evaluation need at least one. Warns when a
+    training file uses one label only (`warn_one_label`).
     """
     if path is not None:
         examples = read_file(task, path)
@@ -257,12 +275,39 @@ def load_examples(task: Task, split: str = "train", *, path: str | os.PathLike |
             raise TaskDataError(f"{os.fspath(path)}: no {split} examples in the file (task "
                                 f"{task.name!r}): it has no data rows, only a header or blank "
                                 "lines")
+        if split == "train":
+            warn_one_label(task, os.fspath(path), examples)
         return examples
     if task.name == "rotten_tomatoes":
         return rotten_tomatoes_examples(split)
     if task.tfds_name:
         return load_tfds(task, split, data_dir)
     raise ValueError(f"Task {task.name!r} has no tfds_name: pass path= to a local file")
+
+
+def warn_one_label(task: Task, path: str, examples: Sequence) -> None:
+    """Warns, naming the file and the label, when the training examples of a task with a label
+    set all have one label.
+
+    The label set is declared here (by the task, as GLUE's are, or by --labels): an inferred one
+    with a single label has been refused by `infer_label_names`. Declared, the run may be meant
+    (a one-class slice on purpose), so it goes on; but the model never sees the other classes and
+    will answer the one it saw for everything, which a user who took the wrong file should hear.
+    """
+    from absl import logging
+
+    from electra_tf.finetune.families import get_family
+
+    family = get_family(task.family)
+    if not family.has_label_names or not task.label_names:
+        return
+    used = family.labels_used(examples)
+    if len(used) == 1:
+        label = task.label_names[next(iter(used))]
+        logging.warning("%s: every training label is %r, one of the %d labels of task %r (%s): the "
+                        "model never sees another and will predict %r for everything; check the "
+                        "file and the label column", path, label, task.num_labels, task.name,
+                        ", ".join(task.label_names), label)
 
 
 @dataclasses.dataclass
@@ -371,6 +416,14 @@ def read_sentence_file(task: Task, path: str, label) -> list[SentenceExample]:
 # ---------------------------------------------------------------------------------------
 
 
+def open_text(path: str, newline: str | None = None):
+    """Opens a task file for reading as UTF-8, without the byte-order mark some programs write
+    first (Excel's and Notepad's "UTF-8" CSVs; MRPC's Microsoft file in GLUE). Left in, the mark
+    sticks to the first header name (`'\\ufefftext'`) or the first JSON line. Every reader here and
+    in `glue.py` opens files with it; `newline=""` for the csv module."""
+    return open(path, encoding="utf-8-sig", newline=newline)
+
+
 def _extension(path: str) -> str:
     return os.path.splitext(path)[1].lower()
 
@@ -387,7 +440,7 @@ def rows(task: Task, path: str) -> Iterator[tuple[str, Any]]:
 
 
 def jsonl_rows(path: str) -> Iterator[tuple[str, dict]]:
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -405,7 +458,7 @@ def _delimited_rows(task: Task, path: str, tsv: bool) -> Iterator[tuple[str, Any
     # GLUE TSVs contain bare quote characters inside sentences: they must not start quoted fields.
     options = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if tsv else {}
     csv.field_size_limit(1 << 30)  # IMDB-length documents exceed the 128 KiB default
-    with open(path, encoding="utf-8", newline="") as f:
+    with open_text(path, newline="") as f:
         reader = csv.reader(f, **options)
         header = None
         if task.has_header:
@@ -413,12 +466,7 @@ def _delimited_rows(task: Task, path: str, tsv: bool) -> Iterator[tuple[str, Any
                 header = next(reader)
             except StopIteration:
                 raise TaskDataError(f"{path}:1: empty file, expected a header row") from None
-            for column in (task.text_column, task.text_pair_column, task.label_column):
-                if column is None:
-                    continue
-                if column not in header:
-                    raise TaskDataError(
-                        f"{path}:1: field {column!r}: missing column; the header has {header}")
+            _check_header(task, path, header)
         for values in reader:
             loc = f"{path}:{reader.line_num}"
             if not values or (len(values) == 1 and not values[0].strip()):
@@ -430,6 +478,25 @@ def _delimited_rows(task: Task, path: str, tsv: bool) -> Iterator[tuple[str, Any
                 raise TaskDataError(
                     f"{loc}: expected {len(header)} fields like the header, found {len(values)}")
             yield loc, dict(zip(header, values))
+
+
+def _check_header(task: Task, path: str, header: list[str]) -> None:
+    """Every column the task reads is in the header, once.
+
+    A row becomes a dict by header name, so of two columns with one name the last would be read
+    and the other dropped without a word. A repeated name the task does not read (two empty names
+    of trailing commas, two "notes") is let be: nothing is read from it.
+    """
+    for column in (task.text_column, task.text_pair_column, task.label_column):
+        if column is None:
+            continue
+        if column not in header:
+            raise TaskDataError(f"{path}:1: field {column!r}: missing column; the header has {header}")
+        positions = [i for i, name in enumerate(header) if name == column]
+        if len(positions) > 1:
+            raise TaskDataError(
+                f"{path}:1: field {column!r}: the header has this column {len(positions)} times (at "
+                f"0-based positions {positions}); rename the copies so the one to read is unique")
 
 
 def field_value(loc: str, row, column) -> Any:
@@ -522,7 +589,7 @@ def tagged_sentences(task: Task, path: str) -> Iterator[tuple[str, list[str], li
 def _conll_sentences(path: str) -> Iterator[tuple[str, list[str], list[str]]]:
     """CoNLL-2000 style: one "word ... tag" line per word, blank lines between sentences."""
     words, tags, start = [], [], None
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         for line_no, line in enumerate(f, start=1):
             fields = line.split()
             if not fields or fields[0] == "-DOCSTART-":
@@ -559,7 +626,7 @@ def _qid_line(raw: str, qid: str | None, fallback: int = 1) -> int:
 def read_squad_json(path: str | os.PathLike, v2: bool = False) -> list[QAExample]:
     """Reads SQuAD v1.1 / v2.0 JSON. Every answer must be `context[start:start+len(text)]`."""
     path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
+    with open_text(path) as f:
         raw = f.read()
     try:
         data = json.loads(raw)

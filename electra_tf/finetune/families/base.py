@@ -4,7 +4,7 @@ The authors give each family one class (`finetune/task.py` of google-research/el
 featurize, prediction module, scorer); so do we. A family owns, for every task of its kind:
 
 - data: how its local files and TFDS records become examples (`read_file`,
-  `example_from_tfds`, `labels_in_file`, `file_extensions`);
+  `example_from_tfds`, `labels_in_file`, `labels_used`, `file_extensions`);
 - features: examples -> the head's arrays, for training and evaluation (`featurize`);
 - the head: which Keras model of `heads.py` and with which options (`build_head`);
 - scoring: its metrics, prediction records and prediction files, the GLUE submission file
@@ -126,6 +126,11 @@ class TaskFamily:
     def unlabeled(self, examples: Sequence) -> int:
         """How many examples carry no label (fine-tuning and evaluation need every label)."""
         return sum(1 for e in examples if e.label is None)
+
+    def labels_used(self, examples: Sequence) -> set[int]:
+        """The label ids the examples use, for a family with label names (a training set that
+        uses one is warned about: `task_data.warn_one_label`)."""
+        return {e.label for e in examples if e.label is not None}
 
     # --- features and head -----------------------------------------------------------------
 

@@ -42,6 +42,9 @@ class TokenTagging(TaskFamily):
     def unlabeled(self, examples):
         return sum(1 for e in examples if e.labels is None)
 
+    def labels_used(self, examples):
+        return {label for e in examples if e.labels is not None for label in e.labels}
+
     def featurize(self, task, examples, tokenizer, fc, training):
         arrays = F.featurize_tagging(examples, tokenizer, fc.max_seq_length)
         words = (arrays.pop("word_positions"), arrays.pop("num_words"))  # not model inputs
