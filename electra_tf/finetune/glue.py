@@ -46,6 +46,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from electra_tf import files
 from electra_tf.finetune.task_data import SentenceExample, Task, TaskDataError, open_text
 
 _MAX_LOGGED = 5  # skipped rows named in the log (then "and N more")
@@ -343,5 +344,5 @@ def submission_lines(glue: GlueTask, examples: Sequence[SentenceExample], predic
 def write_submission(path, glue: GlueTask, examples, predictions) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(submission_lines(glue, examples, predictions)) + "\n", encoding="utf-8")
+    files.write_text(path, "\n".join(submission_lines(glue, examples, predictions)) + "\n")
     return path

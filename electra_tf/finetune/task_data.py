@@ -233,9 +233,9 @@ def infer_label_names(task: Task, path: str | os.PathLike) -> tuple[str, ...]:
 
 def save_label_names(path: str | os.PathLike, names: Sequence[str]) -> None:
     """Writes the label set as a JSON list (saved next to a fine-tuned model)."""
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(list(names), f, indent=0)
-        f.write("\n")
+    from electra_tf import files
+
+    files.write_json(path, list(names), indent=0)
 
 
 def load_label_names(path: str | os.PathLike) -> tuple[str, ...]:

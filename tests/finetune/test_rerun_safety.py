@@ -85,11 +85,14 @@ def finished(tmp_path_factory, vocab_file):
     victim.write_text("precious\n")
     os.symlink(victim, model_dir / "results.json")  # planted where the run writes
     os.symlink(victim, model_dir / "finetuning_config.json")
+    (model_dir / "predictions").mkdir()
+    os.symlink(victim, model_dir / "predictions" / "epoch_1.jsonl")
     code, err = finish(start(vocab_file, model_dir))
     assert code == 0, err[-3000:]
     assert victim.read_text() == "precious\n"
     assert os.readlink(model_dir / "results.json") == "best/results.json"
     assert not os.path.islink(model_dir / "finetuning_config.json")
+    assert not os.path.islink(model_dir / "predictions" / "epoch_1.jsonl")
     return model_dir
 
 
@@ -140,3 +143,28 @@ def test_kill_9_at_every_moment_of_an_overwriting_rerun_leaves_a_complete_model_
     assert check_consistent(finished)["seeds"] == [9]
     assert staging(finished) == []
     assert not [n for n in os.listdir(finished) if n.endswith(files._TEMP_SUFFIX)]
+
+
+@pytest.mark.slow  # one run that fills its file-size limit, ~15 s
+def test_a_full_disk_while_saving_the_model_is_one_line_and_keeps_the_finished_one(finished, vocab_file):
+    import resource
+
+    before = folder_hashes(finished / "best")
+    results = (finished / "results.json").read_text()
+
+    def limit():  # past RLIMIT_FSIZE a write fails with EFBIG, as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (48 * 1024, 48 * 1024))
+
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "electra_tf.tools.finetune", *RUN, f"--vocab_file={vocab_file}",
+         f"--model_dir={finished}", "--seed=11", "--overwrite"], cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    code, err = finish(process)
+    assert code == 1, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("electra-finetune: error: File too large writing "), err[-3000:]
+    assert "Traceback" not in err
+    assert folder_hashes(finished / "best") == before
+    assert (finished / "results.json").read_text() == results
+    assert staging(finished) == []

@@ -155,3 +155,38 @@ def test_the_discriminator_folder_is_swapped_in_whole(tmp_path, pretrain_shards,
     assert (old / "electra_tf_checkpoint.json").exists() and (old / "vocab.txt").exists()
     assert not [n for n in os.listdir(model_dir) if "staging" in n or "previous" in n]
     assert files.LOCK_NAME in os.listdir(model_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess  # a 4-step run, two resumed runs killed while exporting, one finishing, ~60 s
+def test_kill_9_while_the_discriminator_is_exported_keeps_the_previous_one_whole(
+        tmp_path, pretrain_shards, pretrain_vocab, th):
+    from electra_tf.convert.pretrained import from_pretrained
+
+    model_dir = tmp_path / "run"
+    process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
+                                                num_train_steps=4))
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out[-3000:]
+    disc = model_dir / "discriminator"
+
+    def staged(marker):
+        names = [n for n in os.listdir(model_dir) if n.startswith(".discriminator.staging-")]
+        return any((model_dir / n / marker).exists() if marker else True for n in names)
+
+    # Resumed runs to 6 steps, killed when the new folder appears and when it holds its checkpoint.
+    for marker in (None, "model.index"):
+        before = os.stat(disc).st_ino
+        process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
+                                                    num_train_steps=6))
+        wait_for(lambda: staged(marker), process, f"staged discriminator ({marker})")
+        process.kill()
+        process.communicate(timeout=60)
+        assert os.stat(disc).st_ino == before  # the previous export, untouched
+        from_pretrained(str(disc))  # and whole
+    process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
+                                                num_train_steps=6))
+    out, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, out[-3000:]
+    from_pretrained(str(disc))
+    assert not [n for n in os.listdir(model_dir) if n.startswith(".discriminator.")]

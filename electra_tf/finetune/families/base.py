@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from electra_tf import files
 from electra_tf.finetune.metrics import TaskMetrics
 
 FAMILIES: dict[str, type["TaskFamily"]] = {}
@@ -166,7 +167,7 @@ class TaskFamily:
         """Writes the records of `evaluate`: `<stem>.jsonl`, one JSON object per example."""
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{stem}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
+        with files.replacing(path) as f:  # never through a link planted at the name
             for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         return [path]

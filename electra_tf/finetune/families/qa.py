@@ -9,9 +9,9 @@ scripts' scores. The export searches one window in-graph (`best_spans`).
 
 from __future__ import annotations
 
-import json
 from typing import Mapping
 
+from electra_tf import files
 from electra_tf.finetune import features as F
 from electra_tf.finetune import task_data
 from electra_tf.finetune.families.base import Features, TaskFamily, register_family, string_specs
@@ -91,10 +91,10 @@ class SpanQuestionAnswering(TaskFamily):
         """SQuAD's `<stem>.json` (qid -> answer) and, for 2.0, `<stem>_null_odds.json`."""
         folder.mkdir(parents=True, exist_ok=True)
         paths = [folder / f"{stem}.json"]
-        paths[0].write_text(json.dumps(records.predictions, indent=1, ensure_ascii=False) + "\n")
+        files.write_json(paths[0], records.predictions, indent=1, ensure_ascii=False)
         if records.null_score_diff:
             paths.append(folder / f"{stem}_null_odds.json")
-            paths[1].write_text(json.dumps(records.null_score_diff, indent=1) + "\n")
+            files.write_json(paths[1], records.null_score_diff, indent=1)
         return paths
 
     # --- saved model and serving ------------------------------------------------------------
