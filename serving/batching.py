@@ -44,7 +44,7 @@ import grpc
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format, wrappers_pb2
 
-from electra_tf.serving.errors import ServingError, invalid, unavailable
+from electra_tf.serving.errors import ServingError, invalid, unavailable, without_paths
 
 log = logging.getLogger(__name__)
 
@@ -280,7 +280,8 @@ class Batcher:
                 log.exception("batch of %d requests failed", len(batch))
                 for task in batch:
                     if not task.done.is_set():
-                        task.error = ServingError(grpc.StatusCode.INTERNAL, f"batch failed: {type(e).__name__}: {e}")
+                        task.error = ServingError(grpc.StatusCode.INTERNAL,
+                                                  f"batch failed: {type(e).__name__}: {without_paths(str(e))}")
                         task.done.set()
 
     def _next_batch(self) -> list[_Task] | None:

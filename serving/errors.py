@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import grpc
 
 
@@ -15,6 +18,32 @@ class ServingError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def shown(text: str, limit: int = 40) -> str:
+    """`text` from a request, cut to `limit` characters for an error message ("123456... (5000 characters)")."""
+    return text if len(text) <= limit else f"{text[:limit // 2]}... ({len(text)} characters)"
+
+
+# An absolute path of at least two parts, not inside a word (so "tensorflow/serving/predict" and
+# node names such as "model/dense/MatMul" stay) nor after a replacement ("<model version 3>/variables").
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~>-])/(?:[^\s/'\"`(){}\[\],;:|]+/)+[^\s/'\"`(){}\[\],;:|]*")
+
+
+def without_paths(text: str, known: dict[str, str] | None = None) -> str:
+    """`text` without the server's filesystem paths, for a message a client will read.
+
+    A client learns from an error what it did wrong or what to tell the operator, never where the
+    server keeps its files (that is for the server log, which keeps the full text). `known` maps
+    paths (a model's base path, a version folder) to the words that replace them; any other
+    absolute path left in `text` (a TensorFlow message about a file, an exception's filename)
+    becomes "<path>".
+    """
+    for path, words in sorted((known or {}).items(), key=lambda item: -len(item[0])):
+        for form in {path, os.path.realpath(path)}:
+            if form and form != os.sep:
+                text = text.replace(form.rstrip(os.sep), words)
+    return _ABSOLUTE_PATH.sub("<path>", text)
 
 
 def invalid(message: str) -> ServingError:

@@ -7,6 +7,7 @@ request that does not even parse gets INVALID_ARGUMENT (see `add_servicer`), nev
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -18,12 +19,14 @@ from google.protobuf import message_factory
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (
     get_model_metadata_pb2,
+    get_model_status_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
 )
 
-from electra_tf.serving.errors import ServingError, invalid, not_found
+from electra_tf.serving.budget import trim_heap
+from electra_tf.serving.errors import ServingError, invalid, not_found, without_paths
 from electra_tf.serving.manager import ModelManager
 
 if TYPE_CHECKING:
@@ -34,40 +37,27 @@ log = logging.getLogger(__name__)
 
 # grpcio's generated `add_*Servicer_to_server` answer bytes that are not a valid request message
 # with INTERNAL ("Exception deserializing request!") before the servicer sees them: a server
-# fault by its code, though the fault is the client's. `add_servicer` registers a parser that
-# never raises; the handler answers INVALID_ARGUMENT with protobuf's reason instead.
-
-class _Unparsable:
-    def __init__(self, reason: str):
-        self.reason = reason
+# fault by its code, though the fault is the client's. `add_servicer` registers the methods
+# without a deserializer: each gets the request's bytes and parses them itself (`_parse`), so
+# that bytes which are not a request get INVALID_ARGUMENT with protobuf's reason, and a
+# PredictRequest is parsed under the server's parse budget (`serving.budget`).
 
 
-def _parser(request_class):
-    def parse(data: bytes):
-        try:
-            return request_class.FromString(data)
-        except Exception as e:  # noqa: BLE001  (whatever protobuf raises, the bytes are the client's)
-            return _Unparsable(f"{type(e).__name__}: {e}")
-
-    return parse
-
-
-def _checked(behaviour, request_name: str):
-    def handle(request, context):
-        if isinstance(request, _Unparsable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {request_name}: {request.reason}")
-        return behaviour(request, context)
-
-    return handle
+def _parse(message_class, data: bytes):
+    try:
+        return message_class.FromString(data)
+    except Exception as e:  # noqa: BLE001  (whatever protobuf raises, the bytes are the client's)
+        name = message_class.DESCRIPTOR.full_name
+        raise invalid(f"the request is not a valid {name}: {type(e).__name__}: {e}") from None
 
 
 def add_servicer(server: grpc.Server, servicer, service) -> None:
-    """Register every unary method of `service` (a ServiceDescriptor) to `servicer`'s method of that name."""
+    """Register every unary method of `service` (a ServiceDescriptor) to `servicer`'s method of
+    that name, which receives the serialized request (see `_parse`)."""
     handlers = {}
     for method in service.methods:
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _checked(getattr(servicer, method.name), method.input_type.full_name),
-            request_deserializer=_parser(message_factory.GetMessageClass(method.input_type)),
+            getattr(servicer, method.name),
             response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -123,31 +113,47 @@ def _grpc_version(model_spec) -> int | None:
 
 
 def predict_proto(
-    manager: ModelManager, request: predict_pb2.PredictRequest, max_batch_size: int, scheduler=None, *, max_elements: int
+    manager: ModelManager, data: bytes, max_batch_size: int, scheduler=None, *, max_elements: int, budget=None
 ) -> predict_pb2.PredictResponse:
-    """Run a gRPC PredictRequest through `scheduler`; tensors of more than `max_elements` are refused."""
-    if not request.model_spec.name:
-        raise invalid("model_spec.name is required")
-    servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec))
-    signature = servable.signature(request.model_spec.signature_name)
-    inputs = {}
-    for key, proto in request.inputs.items():
-        spec = signature.inputs.get(key)
-        if spec is not None and proto.dtype != spec.dtype.as_datatype_enum:
-            raise invalid(f"input {key!r} must be {spec.dtype.name}, got {_dtype_name(proto.dtype)}")
-        inputs[key] = _tensor_proto_to_array(key, proto, max_elements)
-    unknown = sorted(set(request.output_filter) - set(signature.outputs))
-    if unknown:
-        raise invalid(f"output_filter: {unknown} are not outputs of signature {signature.name!r}; its outputs are {sorted(signature.outputs)}")
-    outputs = signature.run(inputs, max_batch_size, scheduler)
+    """Run a serialized gRPC PredictRequest through `scheduler`; tensors of more than `max_elements`
+    are refused. The request is parsed and its inputs converted while it holds its size of
+    `budget` (a `serving.budget.ParseBudget`), and the model runs after."""
+    with budget.hold(len(data)) if budget is not None else contextlib.nullcontext():
+        servable, signature, inputs, output_filter = _request_inputs(manager, data, max_batch_size, max_elements)
+    try:
+        outputs = signature.run(inputs, max_batch_size, scheduler)
+    finally:
+        del inputs
+        trim_heap(len(data))  # what the model call of a large request freed
     response = predict_pb2.PredictResponse()
     response.model_spec.name = servable.name
     response.model_spec.version.value = servable.version
     response.model_spec.signature_name = signature.name
     for key, value in outputs.items():
-        if not request.output_filter or key in request.output_filter:
+        if not output_filter or key in output_filter:
             response.outputs[key].CopyFrom(array_to_tensor_proto(value))
     return response
+
+
+def _request_inputs(manager: ModelManager, data: bytes, max_batch_size: int, max_elements: int):
+    """(servable, signature, input arrays, output_filter) of a serialized PredictRequest; the
+    parsed message is dropped on return (the caller holds the parse budget that long)."""
+    request = _parse(predict_pb2.PredictRequest, data)
+    if not request.model_spec.name:
+        raise invalid("model_spec.name is required")
+    servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec))
+    signature = servable.signature(request.model_spec.signature_name)
+    for key, proto in request.inputs.items():  # dtypes and shapes first: nothing converted to be refused
+        spec = signature.inputs.get(key)
+        if spec is not None and proto.dtype != spec.dtype.as_datatype_enum:
+            raise invalid(f"input {key!r} must be {spec.dtype.name}, got {_dtype_name(proto.dtype)}")
+        signature.check_shape(key, _declared_shape(key, proto, max_elements), max_batch_size)
+    inputs = {key: _tensor_proto_to_array(key, proto) for key, proto in request.inputs.items()}
+    output_filter = set(request.output_filter)
+    unknown = sorted(output_filter - set(signature.outputs))
+    if unknown:
+        raise invalid(f"output_filter: {unknown} are not outputs of signature {signature.name!r}; its outputs are {sorted(signature.outputs)}")
+    return servable, signature, inputs, output_filter
 
 
 def _dtype_name(enum: int) -> str:
@@ -157,14 +163,19 @@ def _dtype_name(enum: int) -> str:
         return f"dtype {enum} (not a DataType)"
 
 
-def _tensor_proto_to_array(key: str, proto: tensor_pb2.TensorProto, max_elements: int) -> np.ndarray:
-    """A request TensorProto as numpy; refuses shapes that tf.make_ndarray would fill to any size."""
+def _declared_shape(key: str, proto: tensor_pb2.TensorProto, max_elements: int) -> list[int]:
+    """The shape a request TensorProto declares; refuses shapes that tf.make_ndarray would fill to any size."""
     dims = [d.size for d in proto.tensor_shape.dim]
     if proto.tensor_shape.unknown_rank or any(d < 0 for d in dims):
         raise invalid(f"input {key!r}: tensor_shape {dims if not proto.tensor_shape.unknown_rank else 'of unknown rank'} is not a known shape")
     # TF repeats the last value to fill the shape, so a few bytes can ask for any size.
     if math.prod(dims) > max_elements:
         raise invalid(f"input {key!r}: tensor_shape {dims} holds more than {max_elements} elements, the server's limit")
+    return dims
+
+
+def _tensor_proto_to_array(key: str, proto: tensor_pb2.TensorProto) -> np.ndarray:
+    """A request TensorProto, its shape checked (`_declared_shape`), as numpy."""
     try:
         return tf.make_ndarray(proto)
     except Exception as e:  # noqa: BLE001  (TF's decoder raises many types; the bytes are the client's)
@@ -178,19 +189,21 @@ def _grpc_call(context, fn):
         context.abort(e.code, e.message)
     except Exception as e:  # noqa: BLE001
         log.exception("internal error in gRPC call")
-        context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {type(e).__name__}: {e}")
+        context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {type(e).__name__}: {without_paths(str(e))}")
 
 
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, app: "ModelServer"):
         self.app = app
 
-    def Predict(self, request, context):  # noqa: N802  (gRPC method names)
+    def Predict(self, data, context):  # noqa: N802  (gRPC method names)
         app = self.app
-        return _grpc_call(context, lambda: predict_proto(app.manager, request, app.max_batch_size, app.scheduler, max_elements=app.max_body_bytes))
+        return _grpc_call(context, lambda: predict_proto(app.manager, data, app.max_batch_size, app.scheduler,
+                                                         max_elements=app.max_body_bytes, budget=app.parse_budget))
 
-    def GetModelMetadata(self, request, context):  # noqa: N802
+    def GetModelMetadata(self, data, context):  # noqa: N802
         def run():
+            request = _parse(get_model_metadata_pb2.GetModelMetadataRequest, data)
             fields = list(request.metadata_field)
             if not fields:
                 raise invalid("GetModelMetadataRequest must specify at least one metadata_field")
@@ -208,8 +221,9 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def __init__(self, app: "ModelServer"):
         self.app = app
 
-    def GetModelStatus(self, request, context):  # noqa: N802
+    def GetModelStatus(self, data, context):  # noqa: N802
         def run():
+            request = _parse(get_model_status_pb2.GetModelStatusRequest, data)
             if not request.model_spec.name:
                 raise invalid("model_spec.name is required")
             return self.app.manager.status(request.model_spec.name, _grpc_version(request.model_spec))

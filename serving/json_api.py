@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import math
+import sys
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf import json_format
 
-from electra_tf.serving.errors import invalid
+from electra_tf.serving.budget import trim_heap
+from electra_tf.serving.errors import invalid, shown
 from electra_tf.serving.manager import ModelManager
 from electra_tf.serving.servables import DEFAULT_SIGNATURE, Signature
 
 _MAX_RANK = 32  # of a JSON input; numpy stops at 64 and no model here takes more than 3
-
-
+# CPython refuses to read an integer of more digits than this (a guard against quadratic time).
+_MAX_INT_DIGITS = getattr(sys, "get_int_max_str_digits", lambda: 4300)()
 
 def _leaf_to_value(leaf: Any, dtype: tf.DType, where: str):
     if dtype == tf.string:
@@ -45,7 +48,7 @@ def _leaf_to_value(leaf: Any, dtype: tf.DType, where: str):
     if dtype.is_integer:
         if isinstance(leaf, int) and not isinstance(leaf, bool):
             if not dtype.min <= leaf <= dtype.max:
-                raise invalid(f"{where}: {leaf} is out of range for {dtype.name}")
+                raise invalid(f"{where}: {shown(str(leaf), 24)} is out of range for {dtype.name}")
             return leaf
         raise invalid(f"{where}: expected an integer for a {dtype.name} input, got {_json_type(leaf)}")
     if dtype.is_floating:
@@ -55,8 +58,7 @@ def _leaf_to_value(leaf: Any, dtype: tf.DType, where: str):
             except OverflowError:  # an integer beyond float64
                 in_range = False
             if not in_range:
-                text = str(leaf) if len(str(leaf)) <= 24 else f"{str(leaf)[:8]}... ({len(str(leaf))} characters)"
-                raise invalid(f"{where}: {text} is out of range for {dtype.name}")
+                raise invalid(f"{where}: {shown(str(leaf), 24)} is out of range for {dtype.name}")
             return leaf
         raise invalid(f"{where}: expected a number for a {dtype.name} input, got {_json_type(leaf)}")
     raise invalid(f"{where}: inputs of type {dtype.name} are not supported over JSON")
@@ -72,8 +74,9 @@ def _json_type(value: Any) -> str:
     return f"{type(value).__name__} {json.dumps(value)[:40]}"
 
 
-def json_to_array(value: Any, dtype: tf.DType, where: str) -> np.ndarray:
-    """A (nested list of) JSON values as a rectangular numpy array of `dtype`."""
+def json_shape(value: Any) -> list[int]:
+    """The shape a (nested list of) JSON values claims by its first element at each depth;
+    `json_to_array` checks that every other element agrees."""
     shape = []
     probe = value
     while isinstance(probe, list):
@@ -81,8 +84,19 @@ def json_to_array(value: Any, dtype: tf.DType, where: str) -> np.ndarray:
         if not probe:
             break
         probe = probe[0]
+    return shape
+
+
+def _declared_shape(value: Any, where: str) -> list[int]:
+    shape = json_shape(value)
     if len(shape) > _MAX_RANK:
         raise invalid(f"{where}: a value nested {len(shape)} lists deep; at most {_MAX_RANK} dimensions are served")
+    return shape
+
+
+def json_to_array(value: Any, dtype: tf.DType, where: str) -> np.ndarray:
+    """A (nested list of) JSON values as a rectangular numpy array of `dtype`."""
+    shape = _declared_shape(value, where)
     flat: list = []
 
     def walk(v, depth, index):
@@ -166,6 +180,8 @@ def _parse_row_inputs(instances: Any, signature: Signature, max_batch_size: int)
             raise invalid(f"instances[{i}]: missing input(s) {missing} of signature {signature.name!r}")
         for n in names:
             columns[n].append(instance[n])
+    for n in names:  # shapes first: a batch of a million values must not be converted to be refused
+        signature.check_shape(n, _declared_shape(columns[n], f"input {n!r} of 'instances'"), max_batch_size)
     arrays = {}
     for n in names:
         arrays[n] = json_to_array(columns[n], signature.inputs[n].dtype, f"input {n!r} of 'instances'")
@@ -174,7 +190,7 @@ def _parse_row_inputs(instances: Any, signature: Signature, max_batch_size: int)
     return arrays
 
 
-def _parse_columnar_inputs(inputs: Any, signature: Signature) -> dict[str, np.ndarray]:
+def _parse_columnar_inputs(inputs: Any, signature: Signature, max_batch_size: int) -> dict[str, np.ndarray]:
     names = sorted(signature.inputs)
     if not isinstance(inputs, dict) or _is_b64(inputs):
         if len(names) != 1:
@@ -188,21 +204,33 @@ def _parse_columnar_inputs(inputs: Any, signature: Signature) -> dict[str, np.nd
         raise invalid(
             f"input {unexpected[0]!r} is not an input of signature {signature.name!r}; its inputs are {names}"
         )
+    for n, v in inputs.items():  # shapes first, as for 'instances'
+        signature.check_shape(n, _declared_shape(v, f"input {n!r}"), max_batch_size)
     return {n: json_to_array(v, signature.inputs[n].dtype, f"input {n!r}") for n, v in inputs.items()}
 
 
-def predict_json(manager: ModelManager, name: str, version: int | None, body: bytes, max_batch_size: int, scheduler=None) -> dict:
-    """Run a REST `:predict` request body through `scheduler`; return the response JSON object."""
+def parse_json_body(body: bytes) -> Any:
+    """A request body as JSON; INVALID_ARGUMENT for any body that is not JSON, never a 500."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise invalid(f"request body is not valid UTF-8 (byte {e.start}); send binary data as {{\"b64\": ...}}") from e
     try:
-        request = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise invalid(f"JSON parse error: {e.msg} at line {e.lineno} column {e.colno}") from e
     except RecursionError:
         raise invalid("JSON parse error: the body is nested too deeply") from None
+    except ValueError:  # CPython's limit on the digits of an integer
+        raise invalid(f"JSON parse error: a number has more than {_MAX_INT_DIGITS} digits") from None
+
+
+def _request_inputs(manager: ModelManager, name: str, version: int | None, body: bytes, max_batch_size: int):
+    """(servable signature, input arrays, the batch of 'instances' or None) of a :predict body.
+
+    Everything parsed from `body` is dropped on return: the caller holds the parse budget for
+    exactly that long (`serving.budget`)."""
+    request = parse_json_body(body)
     if not isinstance(request, dict):
         raise invalid("the request body must be a JSON object")
     if ("instances" in request) == ("inputs" in request):
@@ -210,11 +238,26 @@ def predict_json(manager: ModelManager, name: str, version: int | None, body: by
     signature_name = request.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(signature_name, str):
         raise invalid("'signature_name' must be a string")
-    servable = manager.servable(name, version)
-    signature = servable.signature(signature_name)
+    signature = manager.servable(name, version).signature(signature_name)
     if "instances" in request:
-        batch = len(request["instances"]) if isinstance(request["instances"], list) else 0
-        outputs = signature.run(_parse_row_inputs(request["instances"], signature, max_batch_size), max_batch_size, scheduler)
+        return signature, _parse_row_inputs(request["instances"], signature, max_batch_size), len(request["instances"])
+    return signature, _parse_columnar_inputs(request["inputs"], signature, max_batch_size), None
+
+
+def predict_json(manager: ModelManager, name: str, version: int | None, body: bytes, max_batch_size: int,
+                 scheduler=None, budget=None) -> dict:
+    """Run a REST `:predict` request body through `scheduler`; return the response JSON object.
+
+    The body is parsed and its inputs converted while it holds its size of `budget` (a
+    `serving.budget.ParseBudget`), and the model runs after."""
+    with budget.hold(len(body)) if budget is not None else contextlib.nullcontext():
+        signature, inputs, batch = _request_inputs(manager, name, version, body, max_batch_size)
+    try:
+        outputs = signature.run(inputs, max_batch_size, scheduler)
+    finally:
+        del inputs
+        trim_heap(len(body))  # what the model call of a large request freed
+    if batch is not None:
         columns = {k: _array_to_json(v, k) for k, v in outputs.items()}
         for k, v in outputs.items():
             if v.ndim == 0 or v.shape[0] != batch:
@@ -226,7 +269,6 @@ def predict_json(manager: ModelManager, name: str, version: int | None, body: by
         if len(keys) == 1:
             return {"predictions": columns[keys[0]]}
         return {"predictions": [{k: columns[k][i] for k in keys} for i in range(batch)]}
-    outputs = signature.run(_parse_columnar_inputs(request["inputs"], signature), max_batch_size, scheduler)
     columns = {k: _array_to_json(v, k) for k, v in sorted(outputs.items())}
     if len(columns) == 1:
         return {"outputs": next(iter(columns.values()))}

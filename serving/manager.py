@@ -3,8 +3,8 @@
 Models live in `BASE/NAME/VERSION/` (VERSION a positive integer). A background thread polls the
 base paths, loads new versions and unloads removed ones, following each model's version policy
 (latest / all / specific, as in TF Serving's models.config). A version that fails to load is
-logged, reported in its status (the error code and message TF Serving's GetModelStatus gives),
-and skipped; the versions already loaded keep serving.
+logged, reported in its status (the error code and message TF Serving's GetModelStatus gives,
+without the server's paths: the log has them), and skipped; the versions already loaded keep serving.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
 )
 
-from electra_tf.serving.errors import not_found
+from electra_tf.serving.errors import not_found, shown, without_paths
 from electra_tf.serving.model_config import ModelConfig
 from electra_tf.serving.servables import Servable
 
@@ -123,10 +123,13 @@ class ModelManager:
         try:
             servable = Servable(name, version, path)
         except Exception as e:  # noqa: BLE001  (any load failure is logged and skipped)
-            log.error("%s version %d failed to load, skipping it: %s", name, version, e)
+            log.error("%s version %d failed to load from %s, skipping it: %s", name, version, path, e)
             record.state = _State.END
             record.error_code = getattr(e, "error_code", 0) or 2  # UNKNOWN
-            record.error_message = f"Failed to load version {version} from {path}: {e}"
+            # Clients read the status: the reason, without where the server keeps its files.
+            known = {path: f"<{name} version {version}>", self.configs[name].base_path: f"<{name} base path>"}
+            reason = " ".join(without_paths(str(e), known).split())  # one line
+            record.error_message = f"Failed to load version {version} of model {name}: {reason}"
             record.fingerprint = fingerprint
             with self._lock:
                 self._records[name][version] = record
@@ -169,17 +172,17 @@ class ModelManager:
                     return loaded[max(loaded)]
                 if version is not None and version in loaded:
                     return loaded[version]
-        what = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+        what = f"Latest({shown(name, 200)})" if version is None else f"Specific({shown(name, 200)}, {version})"
         raise not_found(f"Servable not found for request: {what}")
 
     def status(self, name: str, version: int | None = None) -> get_model_status_pb2.GetModelStatusResponse:
         with self._lock:
             records = dict(self._records.get(name, {}))
         if not records:
-            raise not_found(f"Could not find any versions of model {name}")
+            raise not_found(f"Could not find any versions of model {shown(name, 200)}")
         if version is not None:
             if version not in records:
-                raise not_found(f"Could not find version {version} of model {name}")
+                raise not_found(f"Could not find version {version} of model {shown(name, 200)}")
             records = {version: records[version]}
         response = get_model_status_pb2.GetModelStatusResponse()
         for v in sorted(records, reverse=True):

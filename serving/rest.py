@@ -6,15 +6,14 @@ connection handling, deadlines and limits are `rest_connections`'; the JSON is `
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from typing import TYPE_CHECKING
 
 import grpc
 
-from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, not_found
-from electra_tf.serving.json_api import metadata_json, predict_json, status_json
+from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, not_found, shown, without_paths
+from electra_tf.serving.json_api import metadata_json, parse_json_body, predict_json, status_json
 from electra_tf.serving.rest_connections import ConnectionServer, JsonRequestHandler
 from electra_tf.serving.servables import DEFAULT_SIGNATURE, PREDICT_METHOD
 
@@ -24,9 +23,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _PREDICT_PATH = re.compile(
-    r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?:(predict|classify|regress)$", re.I
+    r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(predict|classify|regress)$", re.I
 )
-_GET_PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/(\d+)|/labels/([^/:]+))?(/metadata)?$", re.I)
+_GET_PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?(/metadata)?$", re.I)
+_INT64_MAX = 2**63 - 1
 
 
 class _RestHandler(JsonRequestHandler):
@@ -41,7 +41,7 @@ class _RestHandler(JsonRequestHandler):
             return self.send_error(HTTP_STATUS.get(e.code, 500), e.message, close=False)
         except Exception as e:  # noqa: BLE001  (a bad request must never take the server down)
             log.exception("internal error on %s %s", self.command, self.path)
-            return self.send_error(500, f"internal server error: {type(e).__name__}: {e}", close=False)
+            return self.send_error(500, f"internal server error: {type(e).__name__}: {without_paths(str(e))}", close=False)
         self.send_json(status, payload)
 
     def _route(self, method: str):
@@ -81,13 +81,15 @@ class _RestHandler(JsonRequestHandler):
         def run():
             v = _version(version, label)
             if method.lower() != "predict":
-                sig = app.manager.servable(name, v).signature(_signature_name_of(body))
+                with app.parse_budget.hold(len(body)):
+                    signature_name = _signature_name_of(body)
+                sig = app.manager.servable(name, v).signature(signature_name)
                 raise ServingError(
                     grpc.StatusCode.INVALID_ARGUMENT if sig.method_name == PREDICT_METHOD else grpc.StatusCode.UNIMPLEMENTED,
                     f":{method} is not served here; signature {sig.name!r} has method_name"
                     f" {sig.method_name!r}: use :predict",
                 )
-            return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler)
+            return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler, app.parse_budget)
 
         self._handle(run)
 
@@ -107,8 +109,8 @@ class _RestHandler(JsonRequestHandler):
 
 def _signature_name_of(body: bytes) -> str:
     try:
-        request = json.loads(body)
-    except (ValueError, RecursionError):
+        request = parse_json_body(body)
+    except ServingError:
         return DEFAULT_SIGNATURE
     name = request.get("signature_name", DEFAULT_SIGNATURE) if isinstance(request, dict) else DEFAULT_SIGNATURE
     if not isinstance(name, str):
@@ -117,9 +119,15 @@ def _signature_name_of(body: bytes) -> str:
 
 
 def _version(version: str | None, label: str | None) -> int | None:
+    """The version in the path, an int64 as in TF Serving (whose message this is)."""
     if label is not None:
-        raise not_found(f"Unrecognized servable version label: {label} (no version labels are configured)")
-    return int(version) if version is not None else None
+        raise not_found(f"Unrecognized servable version label: {shown(label)} (no version labels are configured)")
+    if version is None:
+        return None
+    # Digits only (the route's pattern); a length check first: int() refuses 4300+ digits.
+    if len(version.lstrip("0")) > 19 or int(version) > _INT64_MAX:
+        raise invalid(f"Failed to convert version: {shown(version)} to numeric.")
+    return int(version)
 
 
 class RestServer(ConnectionServer):

@@ -260,17 +260,19 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
     def read_body(self, max_bytes: int) -> bytes | None:
         """The request body; None after answering 411 or 413 (the connection then closes).
 
-        A body over `max_bytes` is read and thrown away before the 413, in chunks and within
-        the request deadline, so that a client that sends its whole body before reading the
-        answer (urllib, requests) sees the 413 rather than a reset connection.
+        A body is refused on its Content-Length, before a byte of it is read: the 413 goes out
+        at once, and only then is the body read and thrown away, in chunks and within the
+        request deadline (nothing of it is kept), so that a client that sends its whole body
+        before reading the answer (urllib, requests) finds the 413 waiting rather than a reset
+        connection, while one that reads first has it immediately.
         """
         if "Content-Length" not in self.headers:
             self.send_error(411, "a Content-Length header is required")
             return None
         length = self._content_length()  # valid: handle_one_request has checked it
         if length > max_bytes:
-            self.discard_body()
             self.send_error(413, f"request body of {length} bytes exceeds the limit of {max_bytes} bytes")
+            self.discard_body()
             return None
         body = self.rfile.read(length)
         if len(body) < length:

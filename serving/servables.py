@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import grpc
 import numpy as np
@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
 )
 
-from electra_tf.serving.errors import GRPC_BY_NUMBER, ServingError, invalid
+from electra_tf.serving.errors import GRPC_BY_NUMBER, ServingError, invalid, without_paths
 
 log = logging.getLogger(__name__)
 
@@ -62,19 +62,30 @@ class Signature:
                 spec.dtype == tf.string and value.dtype == object
             ):
                 raise invalid(f"input {key!r} must be {spec.dtype.name}, got {value.dtype.name}")
-            if not spec.shape.is_compatible_with(value.shape):
-                raise invalid(
-                    f"input {key!r} has shape {list(value.shape)} but signature {self.name!r}"
-                    f" expects {_shape_str(spec.shape)}"
-                )
-            if value.ndim >= 1 and value.shape[0] == 0:
-                raise invalid(f"input {key!r} is an empty batch (dimension 0 is 0)")
-            if value.ndim >= 1 and value.shape[0] > max_batch_size:
-                raise invalid(
-                    f"input {key!r} has a batch of {value.shape[0]}, more than the server's"
-                    f" max_batch_size {max_batch_size}"
-                )
+            self.check_shape(key, value.shape, max_batch_size)
         return dict(inputs)
+
+    def check_shape(self, key: str, shape: Sequence[int], max_batch_size: int) -> None:
+        """INVALID_ARGUMENT unless input `key` of `shape` fits the signature and `max_batch_size`.
+
+        Also called on the shape a request declares (a JSON value's lists, a TensorProto's
+        dims) before its values are converted: a request refused for its shape costs nothing
+        to refuse."""
+        spec = self.inputs.get(key)
+        if spec is None:
+            return  # an unknown input: `validate` names it
+        if not spec.shape.is_compatible_with(shape):
+            raise invalid(
+                f"input {key!r} has shape {list(shape)} but signature {self.name!r}"
+                f" expects {_shape_str(spec.shape)}"
+            )
+        if len(shape) >= 1 and shape[0] == 0:
+            raise invalid(f"input {key!r} is an empty batch (dimension 0 is 0)")
+        if len(shape) >= 1 and shape[0] > max_batch_size:
+            raise invalid(
+                f"input {key!r} has a batch of {shape[0]}, more than the server's"
+                f" max_batch_size {max_batch_size}"
+            )
 
     def call(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the signature on validated inputs."""
@@ -82,9 +93,12 @@ class Signature:
             outputs = self.fn(**{k: tf.constant(v, dtype=self.inputs[k].dtype) for k, v in inputs.items()})
         except tf.errors.OpError as e:
             code = GRPC_BY_NUMBER.get(e.error_code, grpc.StatusCode.UNKNOWN)
-            raise ServingError(code, f"running signature {self.name!r} failed: {_one_line(e.message)}") from e
+            message = _one_line(e.message)
+            if without_paths(message) != message:  # the log keeps what the client is not shown
+                log.info("signature %r failed: %s", self.name, message)
+            raise ServingError(code, f"running signature {self.name!r} failed: {without_paths(message)}") from e
         except (TypeError, ValueError) as e:
-            raise invalid(f"signature {self.name!r} rejected the inputs: {e}") from e
+            raise invalid(f"signature {self.name!r} rejected the inputs: {without_paths(str(e))}") from e
         return {k: v.numpy() for k, v in outputs.items()}
 
 

@@ -21,6 +21,7 @@ The modules, from the model outward:
   rest_connections.py  REST connections (thread per connection, idle timeout, cap, body limit);
   rest.py              the REST routes;
   grpc_api.py          the gRPC services and TensorProto conversion;
+  budget.py            how many request bytes are parsed at once (the memory a request may cost);
   errors.py            status codes and their HTTP equivalents;
   server.py            `ModelServer`, which puts them together.
 
@@ -35,8 +36,10 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import socket
 import threading
 from concurrent import futures
 from typing import Sequence
@@ -48,6 +51,7 @@ from tensorflow_serving.apis import (
 )
 
 from electra_tf.serving.batching import Batcher, BatchingParameters, Unbatched
+from electra_tf.serving.budget import ParseBudget
 from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
@@ -63,6 +67,40 @@ from electra_tf.serving.rest import RestServer
 log = logging.getLogger(__name__)
 
 
+class PortError(OSError):
+    """A port the server cannot listen on (in use, privileged, an address not on this machine).
+
+    Its message is one line for the person who started the server, e.g. "REST port 8501 on
+    127.0.0.1 is already in use"; `errno` is the system's."""
+
+    def __str__(self) -> str:
+        return self.strerror  # without OSError's "[Errno 98] " prefix
+
+
+def _port_error(what: str, host: str, port: int, error: OSError) -> PortError:
+    if error.errno == errno.EADDRINUSE:
+        return PortError(error.errno, f"{what} port {port} on {host} is already in use")
+    return PortError(error.errno, f"{what} port {port} on {host}: {error.strerror or error}")
+
+
+def _check_port_free(what: str, host: str, port: int) -> None:
+    """Raises PortError if nothing could listen on host:port now.
+
+    gRPC's own bind failure is a RuntimeError without the reason (the C core logs it to stderr),
+    so the port is tried here first, as both servers bind it (SO_REUSEADDR, no SO_REUSEPORT),
+    and closed again. Another process may still take it in between: then `start` reports the
+    bind failure as a PortError all the same."""
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise _port_error(what, host, port, e) from None
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                raise _port_error(what, host, port, e) from None
 
 
 class ModelServer:
@@ -77,7 +115,8 @@ class ModelServer:
         models: instead of `model_base_path`, several `ModelConfig`s (e.g. from a
             `models.config` file); they also carry the version policy.
         poll_interval_seconds: how often to look for new versions; <= 0 looks once.
-        max_body_bytes: larger REST bodies get 413; also the gRPC message limit.
+        max_body_bytes: larger REST bodies get 413; also the gRPC message limit, and the bytes of
+            requests parsed at once (serving.budget).
         max_batch_size: larger batches get INVALID_ARGUMENT / 400.
         rest_idle_timeout_seconds: a REST connection is closed after this long without a
             request, and each request must arrive whole within this long (see
@@ -128,6 +167,7 @@ class ModelServer:
         self.max_batch_size = max_batch_size
         self.rest_idle_timeout_seconds = rest_idle_timeout_seconds
         self.rest_max_connections = rest_max_connections
+        self.parse_budget = ParseBudget(max_body_bytes)  # one maximal request parsed at a time (serving.budget)
         self._model_threads = model_threads or os.cpu_count() or 1
         self.batching = batching
         self.scheduler: Batcher | Unbatched | None = None
@@ -150,7 +190,14 @@ class ModelServer:
         return self.batching.num_batch_threads if self.batching else self._model_threads
 
     def start(self) -> "ModelServer":
-        """Load the current versions, then open the ports. Returns self."""
+        """Load the current versions, then open the ports. Returns self.
+
+        Raises PortError (one line: "REST port 8501 on 127.0.0.1 is already in use") if a port
+        cannot be opened; nothing is left running then. The ports are tried before the models
+        load, so that a taken port is reported at once rather than after a long load."""
+        for what, port in (("REST", self._requested_ports[0]), ("gRPC", self._requested_ports[1])):
+            if port:
+                _check_port_free(what, self.host, port)
         self.manager.poll()
         for name in self.manager.configs:
             try:
@@ -161,7 +208,10 @@ class ModelServer:
         self.scheduler = Batcher(self.batching) if self.batching else Unbatched(self._model_threads)
         try:
             if rest_port is not None:
-                self._rest = RestServer((self.host, rest_port), self)
+                try:
+                    self._rest = RestServer((self.host, rest_port), self)
+                except OSError as e:
+                    raise _port_error("REST", self.host, rest_port, e) from None
                 self.rest_port = self._rest.server_address[1]
                 self._rest_thread = threading.Thread(
                     target=self._rest.serve_forever, kwargs={"poll_interval": 0.2}, name="rest-server", daemon=True
@@ -179,9 +229,12 @@ class ModelServer:
                 add_servicer(self._grpc, PredictionService(self), prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"])
                 add_servicer(self._grpc, ModelService(self), model_service_pb2.DESCRIPTOR.services_by_name["ModelService"])
                 target = f"[{self.host}]:{grpc_port}" if ":" in self.host else f"{self.host}:{grpc_port}"
-                self.grpc_port = self._grpc.add_insecure_port(target)
+                try:
+                    self.grpc_port = self._grpc.add_insecure_port(target)
+                except RuntimeError:  # "Failed to bind to address ..."; the reason went to the C core's log
+                    self.grpc_port = 0
                 if not self.grpc_port:
-                    raise OSError(f"could not bind gRPC to {target}")
+                    raise PortError(errno.EADDRINUSE, f"gRPC port {grpc_port} on {self.host} could not be opened")
                 self._grpc.start()
         except BaseException:
             self.stop()

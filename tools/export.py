@@ -10,8 +10,12 @@ objective=electric` pretraining run's `--model_dir`, or its `discriminator/`) is
 `score` signature instead: raw sentences in, their scores out (`electra_tf/scoring.py`):
 
     electra-export --checkpoint=runs/electric --export_base=/tmp/export --model_name=electric
- The in-graph tokenizer lower-cases (and strips
-accents) only if the model was fine-tuned so (`lower_case` in `best/head_config.json`).
+
+The in-graph tokenizer lower-cases (and strips accents) only if the model was fine-tuned so
+(`lower_case` in `best/head_config.json`). `--model_name` is one folder name (no '/'), so the
+export stays inside `--export_base`. If writing fails (a full disk, a file-size limit), the error
+is one line and nothing of the export is left behind: no staging folder, and no NAME/ folder
+unless it existed before.
 Signatures, the custom-op report and the TF Serving versions that can load the result:
 `electra_tf/export.py` and `serving/README.md`.
 """
@@ -49,8 +53,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     checkpoint = os.path.expanduser(_CHECKPOINT.value)
     export_base = os.path.expanduser(_EXPORT_BASE.value)
+    from electra_tf.export import ExportError, check_version  # TensorFlow: after the flags
+
     try:
-        from electra_tf.finetune.saving import find_finetuned  # TensorFlow: after the flags
+        from electra_tf.finetune.saving import find_finetuned
+
+        check_version(export_base, _MODEL_NAME.value, _VERSION.value)  # before a model is loaded
 
         try:
             find_finetuned(checkpoint)
@@ -64,7 +72,7 @@ def main(argv):
                              "exported at the length it was fine-tuned with")
         export_finetuned(checkpoint, export_base, _MODEL_NAME.value, version=_VERSION.value,
                          pair=_TEXT_PAIR.value, ids_only=_IDS_ONLY.value)
-    except (FileExistsError, FileNotFoundError, ValueError) as e:
+    except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")
 
 

@@ -2,6 +2,7 @@
 
   python -m electra_tf.tools.load_test_serving [--clients=8] [--seconds=60] [--bad_fraction=0.25] [--modes=unbatched,batched]
   python -m electra_tf.tools.load_test_serving --server=127.0.0.1:8501 --model_name=electra --max_body_bytes=16777216
+  python -m electra_tf.tools.load_test_serving --phases=memory --memory_clients=4 --max_body_bytes=16777216 --modes=unbatched
 
 Without --server, the model is electra_tf.tools.benchmark_serving's ELECTRA-Small classifier
 (tools/serving_bench_model.py: random weights, raw-text `serving_default` tokenized in-graph,
@@ -26,6 +27,14 @@ p99 within 5x the lone p99. Clients are closed-loop (each sends its next request
 is answered), so by Little's law a loaded request takes about clients / throughput: the ratio
 stays small only if the server answers many more requests per second under load than one at a
 time, which on a machine that one request already keeps busy is what batching is for.
+
+`--phases=memory` (with or instead of `latency`) measures what maximal requests cost the server's
+memory: for each kind of body in `MemoryBodies` (a body of exactly --max_body_bytes made of many
+tiny inputs, of nested empty lists, or of one long text; gRPC messages of many tiny inputs or one
+long text, just under that size), --memory_clients clients send one at once, and the server's RSS
+is printed before, at its peak while they are answered (VmHWM, reset before each kind), and
+after (once the answers are in and --memory_settle_seconds have passed). The server's pid is
+the child's, or --server_pid with --server.
 """
 
 from __future__ import annotations
@@ -63,6 +72,15 @@ _BATCHING_FILE = flags.DEFINE_string("batching_parameters_file", None, "For the 
 _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab for the export (default: made from Rotten Tomatoes).")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the request mix.")
+_PHASES = flags.DEFINE_list("phases", ["latency"], "What to measure: latency (lone and loaded clients), memory "
+                            "(maximal bodies at once, the server's RSS).")
+_MEMORY_CLIENTS = flags.DEFINE_integer("memory_clients", 4, "Clients sending a maximal body at once in the memory phase.")
+_MEMORY_ROUNDS = flags.DEFINE_integer("memory_rounds", 1, "Times the memory phase sends every kind (a second round tells a "
+                                     "one-time cost, such as the model's first call at a new shape, from a leak).")
+_MEMORY_SETTLE = flags.DEFINE_float("memory_settle_seconds", 2.0, "Wait after the answers before reading the RSS 'after'.")
+_MAX_BATCH = flags.DEFINE_integer("max_batch_size", 1024, "The server's --max_batch_size (passed to the servers started here).")
+_SERVER_PID = flags.DEFINE_integer("server_pid", None, "With --server and --phases=memory: the server's process id.")
+_GRPC_SERVER = flags.DEFINE_string("grpc_server", None, "With --server and --phases=memory: host:port of its gRPC API.")
 
 BAD_KINDS = ("malformed JSON", "wrong type", "unknown input", "oversize")
 
@@ -142,6 +160,141 @@ def run_phase(host: str, port: int, path: str, requests: Requests, clients: int,
     return phase
 
 
+# ----------------------------------------------------------------------------- memory
+
+
+class MemoryBodies:
+    """Requests of exactly `max_body_bytes` for a signature whose inputs are all strings, by kind:
+    what a client can send within the limits and what each costs the server to refuse or answer.
+
+    REST bodies are JSON; gRPC ones serialized PredictRequests (`max_body_bytes` is also the
+    server's gRPC message limit, so they are cut a few hundred bytes short of it for the framing).
+    """
+
+    def __init__(self, input_names: list[str], model_name: str, max_body_bytes: int, max_batch_size: int):
+        self.names, self.model_name = input_names, model_name
+        self.max_body_bytes, self.max_batch_size = max_body_bytes, max_batch_size
+
+    def _json(self, value_of_input) -> bytes:
+        return json.dumps({"inputs": {n: value_of_input for n in self.names}}, separators=(",", ":")).encode()
+
+    def _largest(self, make) -> bytes:
+        """make(n) for the largest n whose body fits the limit, padded to it with spaces (JSON
+        allows whitespace after the value)."""
+        low, high = 0, self.max_body_bytes
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if len(make(middle)) <= self.max_body_bytes else (low, middle - 1)
+        body = make(low)
+        return body + b" " * (self.max_body_bytes - len(body))
+
+    def rest(self) -> dict[str, bytes]:
+        def text(length: int) -> str:
+            return ("the film was great . " * (length // 21 + 1))[:length]
+
+        return {
+            "REST many tiny inputs": self._largest(lambda n: self._json(["ab"] * n)),
+            "REST nested empty lists": self._largest(lambda n: self._json([[]] * n)),
+            "REST one long text": self._largest(lambda n: self._json([text(n)])),
+        }
+
+    def grpc(self) -> dict[str, bytes]:
+        from tensorflow.core.framework import types_pb2
+        from tensorflow_serving.apis import predict_pb2
+
+        limit = self.max_body_bytes - 256
+
+        def request(strings: list[bytes]) -> bytes:
+            message = predict_pb2.PredictRequest(model_spec={"name": self.model_name})
+            for name in self.names:
+                message.inputs[name].dtype = types_pb2.DT_STRING
+                message.inputs[name].tensor_shape.dim.add(size=len(strings))
+                message.inputs[name].string_val.extend(strings)
+            return message.SerializeToString()
+
+        per_input = limit // len(self.names)
+        return {
+            "gRPC many tiny inputs": request([b"ab"] * (per_input // 4)),  # 4 bytes each: tag, length, "ab"
+            "gRPC one long text": request([(b"the film was great . " * (per_input // 21 + 1))[: per_input - 16]]),
+        }
+
+
+def _rss_mib(pid: int, field: str = "VmRSS") -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/{pid}/status has no {field}")
+
+
+def _reset_peak(pid: int) -> None:
+    """VmHWM := the current RSS (Linux 4.0+: writing 5 to clear_refs)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+
+def run_memory(pid: int, rest: tuple[str, int], grpc_target: str | None, path: str, bodies: MemoryBodies,
+               clients: int, settle_seconds: float, rounds: int = 1) -> None:
+    """Sends each kind of maximal request from `clients` clients at once, `rounds` times over;
+    prints the server's RSS."""
+    kinds: list[tuple[str, bytes, str]] = [(k, b, "rest") for k, b in bodies.rest().items()]
+    if grpc_target:
+        kinds += [(k, b, "grpc") for k, b in bodies.grpc().items()]
+    kinds *= rounds
+    print(f"memory: {clients} clients at once, each request {bodies.max_body_bytes} bytes"
+          f" (max_batch_size {bodies.max_batch_size}); server RSS in MiB, peak = VmHWM while they are answered")
+    print(f"{'kind':<28} {'bytes':>9} {'before':>7} {'peak':>7} {'after':>7} {'seconds':>8}   answers")
+    start_rss = _rss_mib(pid)
+    for kind, body, protocol in kinds:
+        statuses: collections.Counter = collections.Counter()
+        lock, barrier = threading.Lock(), threading.Barrier(clients)
+
+        def client():
+            if protocol == "rest":
+                connection = http.client.HTTPConnection(*rest, timeout=300)
+                barrier.wait()
+                try:
+                    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+                    response = connection.getresponse()
+                    answer = json.loads(response.read() or b"{}")
+                    status = f"{response.status}" + (f" ({answer['error'][:60]})" if "error" in answer else "")
+                except (OSError, http.client.HTTPException, ValueError) as e:
+                    status = type(e).__name__
+                finally:
+                    connection.close()
+            else:
+                import grpc
+
+                with grpc.insecure_channel(grpc_target, options=[("grpc.max_send_message_length", -1),
+                                                                 ("grpc.max_receive_message_length", -1)]) as channel:
+                    call = channel.unary_unary("/tensorflow.serving.PredictionService/Predict")
+                    barrier.wait()
+                    try:
+                        call(body, timeout=300)
+                        status = "OK"
+                    except grpc.RpcError as e:
+                        status = f"{e.code().name} ({(e.details() or '')[:60]})"
+            with lock:
+                statuses[status] += 1
+
+        time.sleep(settle_seconds)
+        before = _rss_mib(pid)
+        _reset_peak(pid)
+        threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+        start = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.perf_counter() - start  # until the last client had its answer
+        peak = _rss_mib(pid, "VmHWM")
+        time.sleep(settle_seconds)
+        after = _rss_mib(pid)
+        answers = "; ".join(f"{n} x {s}" for s, n in sorted(statuses.items()))
+        print(f"{kind:<28} {len(body):>9} {before:>7.0f} {peak:>7.0f} {after:>7.0f} {seconds:>8.1f}   {answers}")
+    print(f"memory: RSS {start_rss:.0f} MiB before the first kind, {_rss_mib(pid):.0f} MiB after the last")
+
+
 class ChildServer:
     """`python -m electra_tf.tools.serve` on a free port, its log kept for the report."""
 
@@ -153,6 +306,7 @@ class ChildServer:
         self.proc = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log: collections.deque[str] = collections.deque(maxlen=50)
         self.port: int | None = None
+        self.grpc_target: str | None = None
         ready = threading.Event()
 
         def read():
@@ -160,7 +314,9 @@ class ChildServer:
                 self.log.append(line.rstrip())
                 if m := re.search(r"REST API at http://\S+?:(\d+)/", line):
                     self.port = int(m.group(1))
-                    ready.set()
+                if m := re.search(r"gRPC API at (\S+:\d+)", line):
+                    self.grpc_target = m.group(1)
+                    ready.set()  # logged after the REST line
             ready.set()
 
         threading.Thread(target=read, daemon=True).start()
@@ -212,6 +368,11 @@ def main(argv):
         model_base, model_name = os.path.dirname(export.path), "electra_small"
         print(f"exported the ELECTRA-Small classifier in {export.seconds:.0f} s -> {export.path}")
 
+    unknown = set(_PHASES.value) - {"latency", "memory"}
+    if unknown:
+        raise app.UsageError(f"--phases: {sorted(unknown)} are not latency or memory")
+    if "memory" in _PHASES.value and _SERVER.value is not None and _SERVER_PID.value is None:
+        raise app.UsageError("--phases=memory with --server needs --server_pid (the server's RSS is read from /proc)")
     servers: list[tuple[str, list[str]]] = []
     if _SERVER.value is None:
         for mode in _MODES.value:
@@ -223,13 +384,16 @@ def main(argv):
             else:
                 raise app.UsageError(f"--modes: {mode!r} is not unbatched or batched")
 
-    print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU(s); {_CLIENTS.value} clients for {_SECONDS.value:g} s,"
-          f" {_BAD_FRACTION.value:.0%} bad ({', '.join(BAD_KINDS)}); lone client for {_LONE_SECONDS.value:g} s\n")
-    print(f"{'mode':<10} {'phase':<7} {'clients':>7} {'good':>6} {'p50 ms':>8} {'p99 ms':>8} {'good/s':>7}   statuses")
+    print(f"TensorFlow {tf.__version__}, {os.cpu_count()} CPU(s)")
+    if "latency" in _PHASES.value:
+        print(f"latency: {_CLIENTS.value} clients for {_SECONDS.value:g} s, {_BAD_FRACTION.value:.0%} bad"
+              f" ({', '.join(BAD_KINDS)}); lone client for {_LONE_SECONDS.value:g} s\n")
+        print(f"{'mode':<10} {'phase':<7} {'clients':>7} {'good':>6} {'p50 ms':>8} {'p99 ms':>8} {'good/s':>7}   statuses")
     for mode, extra in servers or [("running", [])]:
         child = None
         if _SERVER.value is None:
-            child = ChildServer(model_base, model_name, [f"--max_body_bytes={_MAX_BODY.value}", *extra])
+            child = ChildServer(model_base, model_name, [f"--max_body_bytes={_MAX_BODY.value}",
+                                                         f"--max_batch_size={_MAX_BATCH.value}", *extra])
             host, port = "127.0.0.1", child.port
         else:
             host, port = _SERVER.value.rsplit(":", 1)
@@ -245,9 +409,18 @@ def main(argv):
             requests = Requests(names, sentences, _MAX_BODY.value)
             path = f"/v1/models/{model_name}:predict"
             run_phase(host, port, path, requests, 1, 3.0, 0.0, _SEED.value)  # warm-up
-            lone = run_phase(host, port, path, requests, 1, _LONE_SECONDS.value, 0.0, _SEED.value)
-            loaded = run_phase(host, port, path, requests, _CLIENTS.value, _SECONDS.value, _BAD_FRACTION.value, _SEED.value)
-            report(mode, lone, loaded, _CLIENTS.value)
+            if "latency" in _PHASES.value:
+                lone = run_phase(host, port, path, requests, 1, _LONE_SECONDS.value, 0.0, _SEED.value)
+                loaded = run_phase(host, port, path, requests, _CLIENTS.value, _SECONDS.value, _BAD_FRACTION.value,
+                                   _SEED.value)
+                report(mode, lone, loaded, _CLIENTS.value)
+            if "memory" in _PHASES.value:
+                pid = child.proc.pid if child is not None else _SERVER_PID.value
+                grpc_target = child.grpc_target if child is not None else _GRPC_SERVER.value
+                print(f"\n{mode}:")
+                run_memory(pid, (host, port), grpc_target, path,
+                           MemoryBodies(names, model_name, _MAX_BODY.value, _MAX_BATCH.value),
+                           _MEMORY_CLIENTS.value, _MEMORY_SETTLE.value, _MEMORY_ROUNDS.value)
         finally:
             if child is not None:
                 child.stop()

@@ -87,7 +87,7 @@ def main(argv):
 
     import tensorflow as tf
 
-    from electra_tf.serving.server import ModelServer
+    from electra_tf.serving.server import ModelServer, PortError
 
     server = ModelServer(
         FLAGS.model_base_path,
@@ -116,7 +116,10 @@ def main(argv):
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: stop.set())
-    server.start()
+    try:
+        server.start()
+    except PortError as e:  # a port another process holds: one line, not a traceback
+        raise SystemExit(f"electra-serve: error: {e}") from None
     try:
         host = f"[{server.host}]" if ":" in server.host else server.host
         logging.info("REST API at http://%s:%d/v1/models/{%s}", host, server.rest_port, ",".join(server.model_names))

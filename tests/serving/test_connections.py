@@ -161,6 +161,18 @@ def test_oversize_body_gets_a_readable_413_with_urllib(server):
     assert status_seconds(server.rest_port) < 10
 
 
+def test_oversize_body_is_refused_on_its_content_length_before_it_is_read(server):
+    """The 413 goes out as soon as the headers are read: a client declaring 10 GB and sending a few
+    bytes has it at once, not after the 30 s deadline the server gives a body to arrive."""
+    with socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n{\"inst")
+        start = time.monotonic()
+        status, headers, body = read_response(sock)
+        assert time.monotonic() - start < 2
+    assert status == 413 and headers["connection"] == "close"
+    assert json.loads(body)["error"] == f"request body of 10000000000 bytes exceeds the limit of {MAX_BODY} bytes"
+
+
 def test_oversize_upload_that_does_not_end_is_cut_at_the_deadline(short_server):
     with socket.create_connection(("127.0.0.1", short_server.rest_port), timeout=10) as sock:
         sock.sendall(b"POST /v1/models/tiny:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n")

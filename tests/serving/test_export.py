@@ -7,6 +7,7 @@ one token more or less changes the outputs far beyond the tolerances.
 """
 
 import dataclasses
+import errno
 import json
 import os
 import subprocess
@@ -94,14 +95,24 @@ class Case:
         self.expected = {}
 
 
-def _sentence_outputs(head, keras_outputs, label_names):
-    """What serving_default answers, from the Keras head's outputs."""
+def _sentence_outputs(head, keras_outputs, label_names, truncated):
+    """What serving_default answers, from the Keras head's outputs and which examples were cut."""
     if head.family == "regression":
-        return {"score": keras_outputs["predictions"]}
+        return {"score": keras_outputs["predictions"], "truncated": truncated}
     logits = keras_outputs["logits"]
     probabilities = np.exp(logits - logits.max(-1, keepdims=True))
     probabilities /= probabilities.sum(-1, keepdims=True)
-    return {"probabilities": probabilities, "label": np.array([label_names[i] for i in logits.argmax(-1)], object)}
+    return {"probabilities": probabilities, "label": np.array([label_names[i] for i in logits.argmax(-1)], object),
+            "truncated": truncated}
+
+
+def _truncated(examples, tokenizer, seq):
+    """bool [N]: featurize_sentences cuts the example (its pieces do not fit `seq`)."""
+    def pieces(text):
+        return len(tokenizer.tokenize(tf.constant([text])).to_list()[0])
+
+    return np.array([pieces(e.text) + (pieces(e.text_pair) + 1 if e.text_pair is not None else 0) > seq - 2
+                     for e in examples])
 
 
 def _sentence_case(name, head, task, tokenizer, label_names):
@@ -110,7 +121,7 @@ def _sentence_case(name, head, task, tokenizer, label_names):
     ids = F.featurize_sentences(examples, tokenizer, SEQ)
     text_inputs = {"text": SENTENCES, **({"text_pair": PAIRS} if pair else {})}
     case = Case(name, head, task, FinetuningConfig(max_seq_length=SEQ), label_names, text_inputs, ids)
-    case.expected = _sentence_outputs(head, case.keras, label_names)
+    case.expected = _sentence_outputs(head, case.keras, label_names, _truncated(examples, tokenizer, SEQ))
     return case
 
 
@@ -122,7 +133,8 @@ def _tagging_case(head, tokenizer, label_names):
     words = F.word_predictions(case.keras["logits"], ids["word_positions"], ids["num_words"])
     width = max(len(w) for w in words)
     case.expected = {"labels": np.array([[label_names[i] for i in w] + [""] * (width - len(w)) for w in words], object),
-                     "num_words": ids["num_words"]}
+                     "num_words": ids["num_words"],
+                     "truncated": np.array([len(t.split()) > n for t, n in zip(TAGGING, ids["num_words"])])}
     return case
 
 
@@ -386,7 +398,7 @@ def test_serving_default_equals_keras(fresh_process, cases, name):
     best_text = want.pop("best_text", None)
     assert set(got) == set(want)
     for key, value in want.items():
-        if value.dtype == object:
+        if value.dtype in (object, bool):
             assert got[key] == value.tolist(), key
         else:
             np.testing.assert_allclose(np.array(got[key]), value, atol=2e-4, rtol=1e-4, err_msg=key)
@@ -423,7 +435,7 @@ def test_signatures_and_assets(exports, vocab_file):
     report = json.load(open(os.path.join(exports["pair"], E.EXPORT_REPORT)))
     assert report["signatures"]["serving_default"] == {
         "inputs": {"text": "string[?]", "text_pair": "string[?]"},
-        "outputs": {"label": "string[?]", "probabilities": "float32[?, 2]"}}
+        "outputs": {"label": "string[?]", "probabilities": "float32[?, 2]", "truncated": "bool[?]"}}
     assert report["signatures"]["serve_ids"]["inputs"] == {k: "int32[?, ?]" for k in E.INPUT_KEYS}
     assert list(json.load(open(os.path.join(exports["classification"], E.EXPORT_REPORT)))
                 ["signatures"]["serving_default"]["inputs"]) == ["text"]
@@ -440,16 +452,17 @@ def _spec(shape, dtype, name):
 
 
 # serving_default of the sentence exports as the exporter wrote it when it padded to
-# max_seq_length: padding to the longest row must not change it.
+# max_seq_length: padding to the longest row must not change it (`truncated` came after).
+TRUNCATED = {"truncated": _spec([None], tf.bool, "truncated")}
 SENTENCE_SPECS = {
     "classification": ({"text": _spec([None], tf.string, "text")},
                        {"label": _spec([None], tf.string, "label"),
-                        "probabilities": _spec([None, 2], tf.float32, "probabilities")}),
+                        "probabilities": _spec([None, 2], tf.float32, "probabilities"), **TRUNCATED}),
     "pair": ({"text": _spec([None], tf.string, "text"), "text_pair": _spec([None], tf.string, "text_pair")},
              {"label": _spec([None], tf.string, "label"),
-              "probabilities": _spec([None, 2], tf.float32, "probabilities")}),
+              "probabilities": _spec([None, 2], tf.float32, "probabilities"), **TRUNCATED}),
     "regression": ({"text": _spec([None], tf.string, "text"), "text_pair": _spec([None], tf.string, "text_pair")},
-                   {"score": _spec([None], tf.float32, "score")}),  # STS-B: a pair task
+                   {"score": _spec([None], tf.float32, "score"), **TRUNCATED}),  # STS-B: a pair task
 }
 
 
@@ -469,23 +482,26 @@ def _ids_inputs(seq=None):
 
 # Every export's two signatures: input and output names, shapes and dtypes. Read from the exports
 # the exporter wrote before the task families took over the signatures (one `_signatures`
-# function branching on the head's kind); multiple choice is new.
+# function branching on the head's kind); multiple choice and `truncated` are new.
 SIGNATURES = {
     "classification": {
         "serving_default": ({"text": ([None], "string")},
-                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32")}),
+                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32"),
+                             "truncated": ([None], "bool")}),
         "serve_ids": (_ids_inputs(), {"logits": ([None, 2], "float32")})},
     "pair": {
         "serving_default": ({"text": ([None], "string"), "text_pair": ([None], "string")},
-                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32")}),
+                            {"label": ([None], "string"), "probabilities": ([None, 2], "float32"),
+                             "truncated": ([None], "bool")}),
         "serve_ids": (_ids_inputs(), {"logits": ([None, 2], "float32")})},
     "regression": {
         "serving_default": ({"text": ([None], "string"), "text_pair": ([None], "string")},
-                            {"score": ([None], "float32")}),
+                            {"score": ([None], "float32"), "truncated": ([None], "bool")}),
         "serve_ids": (_ids_inputs(), {"predictions": ([None], "float32")})},
     "tagging": {
         "serving_default": ({"text": ([None], "string")},
-                            {"labels": ([None, None], "string"), "num_words": ([None], "int32")}),
+                            {"labels": ([None, None], "string"), "num_words": ([None], "int32"),
+                             "truncated": ([None], "bool")}),
         "serve_ids": (_ids_inputs(), {"logits": ([None, None, 3], "float32")})},
     "qa": {
         "serving_default": ({"question": ([None], "string"), "context": ([None], "string")},
@@ -642,6 +658,90 @@ def test_export_folder_gets_the_normal_mode(cases, vocab_file, export_base):
     assert stat.S_IMODE(os.stat(os.path.join(path, "saved_model.pb")).st_mode) == 0o666 & ~umask()
 
 
+@pytest.mark.parametrize("name", ["../x", "/tmp/abs", "a/b", "..", ".", "", ".hidden", "a\\b", "a b"])
+def test_model_name_must_be_one_folder_name(cases, vocab_file, tmp_path, name):
+    """A name with a '/' (or '..') would put the export outside export_base: refused before any work."""
+    base = tmp_path / "export"
+    info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
+    with pytest.raises(ValueError, match=r"^model_name .* is not a folder name"):
+        E.export_head(cases["classification"].head, info, vocab_file, str(base), name, ids_only=True, verbose=False)
+    assert os.listdir(tmp_path) == []
+
+
+def _full_disk(kind):
+    """ExportArchive.write_out that writes part of the SavedModel, then fails as a full disk does."""
+    def write_out(self, filepath, **kwargs):
+        os.makedirs(os.path.join(filepath, "variables"))
+        with open(os.path.join(filepath, "variables", "variables.data-00000-of-00001"), "wb") as f:
+            f.write(b"\0" * 1000)
+        if kind == "OSError":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(filepath, "variables"))
+        raise tf.errors.ResourceExhaustedError(None, None, f"{filepath}/saved_model.pb; No space left on device")
+    return write_out
+
+
+@pytest.mark.parametrize("kind", ["OSError", "ResourceExhaustedError"])
+def test_a_full_disk_leaves_nothing_behind(cases, vocab_file, tmp_path, monkeypatch, kind):
+    """Writing fails midway: one line naming BASE/NAME; the staging folder is gone, and so are the
+    folders the export made (BASE/NAME, BASE); an existing version is untouched and no new one
+    appears."""
+    import keras
+
+    # keras.export.ExportArchive() is an instance of the backend's subclass: patch that.
+    monkeypatch.setattr(type(keras.export.ExportArchive()), "write_out", _full_disk(kind))
+    info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
+    base = tmp_path / "new" / "export"  # neither exists yet
+    with pytest.raises(E.ExportError) as e:
+        E.export_head(cases["classification"].head, info, vocab_file, str(base), "m", ids_only=True, verbose=False)
+    assert str(e.value) == (f"writing the export to {base / 'm'} failed: No space left on device; what it had "
+                            "written is removed; free space (or lift the file-size limit) and run it again")
+    assert os.listdir(tmp_path) == []
+
+    kept = tmp_path / "kept"
+    (kept / "m" / "1").mkdir(parents=True)
+    (kept / "m" / "1" / "saved_model.pb").write_bytes(b"version 1")
+    with pytest.raises(E.ExportError):
+        E.export_head(cases["classification"].head, info, vocab_file, str(kept), "m", ids_only=True, verbose=False)
+    assert sorted(os.listdir(kept)) == ["m"] and os.listdir(kept / "m") == ["1"]
+    assert os.listdir(kept / "m" / "1") == ["saved_model.pb"]
+    assert (kept / "m" / "1" / "saved_model.pb").read_bytes() == b"version 1"
+
+
+@pytest.mark.slow
+def test_electra_export_over_the_file_size_limit_is_one_line_and_leaves_nothing(finetuned, tmp_path):
+    """The binary under RLIMIT_FSIZE (Python ignores SIGXFSZ, so a write past it fails with EFBIG):
+    exit code 1, one line naming BASE/NAME, no traceback, nothing new under --export_base, the
+    existing version untouched (a new NAME/ is removed too: `test_a_full_disk_leaves_nothing_behind`).
+    And a --model_name outside --export_base is refused in one line."""
+    import resource
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    base = tmp_path / "export"
+    (base / "kept" / "1").mkdir(parents=True)
+    (base / "kept" / "1" / "saved_model.pb").write_bytes(b"version 1")
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    runs = {name: subprocess.Popen(
+        [sys.executable, "-m", "electra_tf.tools.export", f"--checkpoint={finetuned / 'classification'}",
+         f"--export_base={base}", f"--model_name={name}"], cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=small_files, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        for name in ("kept", "../outside")}  # at once: each is mostly TensorFlow's import
+    for name, run in runs.items():
+        _, stderr = run.communicate(timeout=300)
+        last = stderr.strip().splitlines()[-1]
+        assert run.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+        if name == "../outside":
+            assert last.startswith("electra-export: model_name '../outside' is not a folder name"), last
+        else:
+            assert last == (f"electra-export: writing the export to {base / name} failed: File too large; what it "
+                            "had written is removed; free space (or lift the file-size limit) and run it again"), last
+    assert sorted(os.listdir(base)) == ["kept"] and os.listdir(base / "kept") == ["1"]
+    assert (base / "kept" / "1" / "saved_model.pb").read_bytes() == b"version 1"
+    assert not os.path.exists(tmp_path / "outside")
+
+
 # ---------------------------------------------------------------------------------------
 # End to end: export -> ModelServer over real sockets.
 # ---------------------------------------------------------------------------------------
@@ -687,10 +787,13 @@ def test_served_sentences_padded_to_the_longest_row_equal_keras(exports, cases, 
         examples = [SentenceExample(i, t, inputs["text_pair"][i] if pair else None, 0)
                     for i, t in enumerate(inputs["text"])]
         keras_outputs = _numpy(case.head(_inputs(F.featurize_sentences(examples, tokenizer, SEQ)), training=False))
-        want = _sentence_outputs(case.head, keras_outputs, case.label_names)
+        want = _sentence_outputs(case.head, keras_outputs, case.label_names, _truncated(examples, tokenizer, SEQ))
         assert set(got) == set(want)
+        assert got["truncated"].tolist() == [t == LONG for t in inputs["text"]]
         for key, value in want.items():
-            if value.dtype == object:
+            if value.dtype == bool:
+                assert got[key].tolist() == value.tolist(), key
+            elif value.dtype == object:
                 assert [b.decode() for b in got[key]] == value.tolist(), key
             else:
                 np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-5, err_msg=key)
@@ -767,3 +870,64 @@ def test_electra_export_binary(finetuned, tmp_path):
     assert os.path.exists(tmp_path / "cli" / "1" / "saved_model.pb")
     again = electra_export("--version=1")
     assert again.returncode != 0 and "never overwritten" in again.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# What a served export tells a client: texts it cut, token ids it refuses.
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(exports):
+    """One ModelServer over the classification, pair and tagging exports (REST and gRPC)."""
+    from electra_tf.serving.model_config import ModelConfig
+    from electra_tf.serving.server import ModelServer
+
+    configs = [ModelConfig(name, os.path.dirname(exports[name])) for name in ("classification", "pair", "tagging")]
+    with ModelServer(models=configs, rest_port=0, grpc_port=0) as server:
+        yield server
+
+
+def test_a_100_kb_text_is_served_as_truncated(served):
+    """A text far past max_seq_length is cut to its first pieces, and the answer says so."""
+    from electra_tf.serving.client import RestClient
+
+    long_text = "the actor plays a very good story , " * 2800  # 100 KB
+    assert len(long_text) > 100_000
+
+    def predict(name, inputs):
+        return RestClient("127.0.0.1", served.rest_port, name).predict(inputs)
+
+    got = predict("classification", {"text": ["a good film", long_text]})
+    assert got["truncated"].tolist() == [False, True] and np.isfinite(got["probabilities"]).all()
+    got = predict("pair", {"text": ["a good film", "a good film"], "text_pair": ["it is bad", long_text]})
+    assert got["truncated"].tolist() == [False, True]
+    got = predict("tagging", {"text": ["a good film", long_text]})
+    assert got["truncated"].tolist() == [False, True] and got["num_words"].tolist() == [3, SEQ - 2]
+
+
+def test_serve_ids_refuses_ids_out_of_range(served, cases):
+    """A token id that is negative or past the vocabulary (and a segment id or mask value out of
+    range) gets 400 / INVALID_ARGUMENT naming the input, instead of an answer for some other token."""
+    import grpc
+
+    from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
+
+    vocab_size = cases["classification"].head.config.vocab_size
+    good = {"input_ids": [[2, 40, 3]], "input_mask": [[1, 1, 1]], "segment_ids": [[0, 0, 0]]}
+    bad = [("input_ids", [[2, -1, 3]], f"input_ids must be in [0, {vocab_size}); got values from] [-1] [to] [3]"),
+           ("input_ids", [[2, vocab_size, 3]], f"input_ids must be in [0, {vocab_size})"),
+           ("segment_ids", [[0, 2, 0]], "segment_ids must be in [0, 2)"),
+           ("input_mask", [[1, 3, 1]], "input_mask must be in [0, 2)")]
+    rest = RestClient("127.0.0.1", served.rest_port, "classification")
+    assert rest.predict(good, signature_name="serve_ids")["logits"].shape == (1, 2)
+    with GrpcClient("127.0.0.1", served.grpc_port, "classification") as grpc_client:
+        for key, value, words in bad:
+            inputs = {**good, key: value}
+            with pytest.raises(ServingRequestError) as e:
+                rest.predict(inputs, signature_name="serve_ids")
+            assert e.value.status == 400 and words in e.value.message and "\n" not in e.value.message, e.value.message
+            assert e.value.message.startswith("running signature 'serve_ids' failed: assertion failed: [")
+            with pytest.raises(ServingRequestError) as e:
+                grpc_client.predict({k: np.array(v, np.int32) for k, v in inputs.items()}, signature_name="serve_ids")
+            assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.message

@@ -434,3 +434,185 @@ def test_found_json_numbers_out_of_range_for_floats_are_refused():
         with pytest.raises(ServingError, match=r"out of range") as e:
             json_to_array([value], tf.float32, "input 'x'")
         assert words in e.value.message
+
+
+# ----------------------------------------------------------------------------- every JSON type in every field
+
+HUGE = "9" * 5000  # past CPython's 4300 digits for int(): was 500 "Exceeds the limit (4300 digits)"
+# Raw JSON text, so that numbers json.dumps cannot write (HUGE) go in as they are.
+JSON_VALUES = {
+    "null": "null", "true": "true", "false": "false", "zero": "0", "negative": "-1", "float": "1.5",
+    "huge integer": HUGE, "huge negative integer": "-" + HUGE, "long float": "1." + "0" * 5000, "huge exponent": "1e99999",
+    "string": '"x"', "empty string": '""', "list": '["x"]', "empty list": "[]", "object": '{"text": "x"}',
+    "empty object": "{}", "b64": '{"b64": "eA=="}',
+    "deep list": "[" * 100_000 + "]" * 100_000, "deep object": '{"a":' * 100_000 + "1" + "}" * 100_000,
+}
+ALWAYS_REFUSED = {"huge integer", "huge negative integer", "deep list", "deep object"}
+
+
+@pytest.fixture(scope="module")
+def roomy_server(model_base):
+    """The fuzz server's settings with room for a body of 100,000 nested lists (200 KB)."""
+    batching = BatchingParameters(max_batch_size=8, num_batch_threads=2)
+    with ModelServer(model_base, max_body_bytes=1 << 20, max_batch_size=8, batching=batching) as s:
+        yield s
+FIELDS = {  # "@" is where the value goes
+    "the body": "@",
+    "instances": '{"instances": @}',
+    "inputs": '{"inputs": @}',
+    "signature_name": '{"signature_name": @, "instances": [{"text": "a", "text_pair": "b"}]}',
+    "an instance": '{"instances": [@, {"text": "a", "text_pair": "b"}]}',
+    "an instance of a one-input signature": '{"signature_name": "single_text", "instances": ["a", @]}',
+    "a value in an instance": '{"instances": [{"text": @, "text_pair": "b"}]}',
+    "a columnar input": '{"inputs": {"text": @, "text_pair": ["b"]}}',
+    "a value in a columnar input": '{"inputs": {"text": [@], "text_pair": ["b"]}}',
+    "a token id": '{"signature_name": "serve_ids", "inputs": {"input_ids": [[1, @]], "input_mask": [[1, 1]], "segment_ids": [[0, 0]]}}',
+    "an integer instance": '{"signature_name": "lookup", "instances": [1, @]}',
+    "an unknown key": '{"instances": [{"text": "a", "text_pair": "b"}], "extra": @}',
+}
+
+
+def _post(connection, path: str, body: bytes, method: str = "POST") -> tuple[int, bytes]:
+    connection.request(method, path, body=body if method == "POST" else None)
+    response = connection.getresponse()
+    return response.status, response.read()
+
+
+def _errors_logged(caplog):
+    return [f"{r.levelname} {r.getMessage()}" for r in caplog.records
+            if r.exc_info or r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_every_json_type_in_every_field_gets_an_answer_never_a_500(roomy_server, caplog):
+    """Each JSON type (and numbers past what Python reads, and 100,000 levels of nesting) in each
+    field of a :predict body: a valid answer or a one-line 4xx error; the refused kinds always 4xx.
+    The server logs no traceback and keeps serving."""
+    server = roomy_server
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=30)
+    failures = []
+    for field, template in FIELDS.items():
+        for kind, value in JSON_VALUES.items():
+            status, data = _post(connection, "/v1/models/tiny:predict", template.replace("@", value).encode())
+            problem = check_rest_answer(status, data)
+            if problem is None and kind in ALWAYS_REFUSED and status != 400:
+                problem = f"{status} for a body that must be refused as bad JSON"
+            if problem:
+                failures.append(f"{kind} as {field}: {problem}")
+    connection.close()
+    assert not failures, "\n".join(failures)
+    assert not _errors_logged(caplog)
+    _assert_serves(server)
+
+
+def test_huge_numbers_get_400_with_a_reason(server):
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=30)
+    for method in ("predict", "classify"):
+        body = b'{"signature_name": %s, "instances": [1]}' % HUGE.encode()
+        status, data = _post(connection, f"/v1/models/tiny:{method}", body)
+        assert status == 400, (method, data[:300])
+    status, data = _post(connection, "/v1/models/tiny:predict", b'{"instances": [%s]}' % HUGE.encode())
+    assert (status, json.loads(data)) == (400, {"error": "JSON parse error: a number has more than 4300 digits"})
+    status, data = _post(connection, "/v1/models/tiny/versions/%s:predict" % HUGE, json.dumps(VALID_BODIES[0]).encode())
+    assert (status, json.loads(data)) == (400, {"error": f"Failed to convert version: {HUGE[:20]}... (5000 characters) to numeric."})
+    connection.close()
+
+
+# Every route with a version, label or model name that no server has: 4xx, never 200 or 500.
+PATH_VALUES = {
+    "version": [HUGE, "9" * 20, "9223372036854775807", "9223372036854775808", "0", "2", "-1", "1.0", "1e3", "null", "%31"],
+    "label": [HUGE, "null", "1", "%00", "[]"],
+    "model name": [HUGE, "null", "true", "1", "%00", "..", ".", "tiny%2F1", "[]", "{}", "%F0%9F%98%80", "tiny%00"],
+}
+
+
+def _routes(kind: str, value: str) -> list[tuple[str, str]]:
+    model = value if kind == "model name" else "tiny"
+    where = {"version": f"/versions/{value}", "label": f"/labels/{value}", "model name": ""}[kind]
+    base = f"/v1/models/{model}{where}"
+    return [("GET", base), ("GET", base + "/metadata"), ("POST", base + ":predict"), ("POST", base + ":classify")]
+
+
+def test_every_version_label_and_model_name_in_the_path_gets_a_4xx(roomy_server, caplog):
+    server = roomy_server
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=30)
+    body = json.dumps(VALID_BODIES[0]).encode()
+    failures = []
+    for kind, values in PATH_VALUES.items():
+        for value in values:
+            for method, path in _routes(kind, value):
+                status, data = _post(connection, path, body, method)
+                problem = check_rest_answer(status, data) if status != 200 else "200"
+                if problem:
+                    failures.append(f"{method} {path[:80]}: {problem}")
+    connection.close()
+    assert not failures, "\n".join(failures)
+    assert not _errors_logged(caplog)
+    _assert_serves(server)
+
+
+def test_grpc_numbers_at_the_ends_of_their_range(server):
+    """model_spec.version and TensorProto dims at the ends of int64, over every method: errors
+    with a status other than INTERNAL / UNKNOWN, and the server keeps serving."""
+    ends = [-(2 ** 63), -1, 0, 1, 2, 2 ** 63 - 1]
+    codes, failures = {}, []
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        methods = {
+            "Predict": (channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
+                                            request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                                            response_deserializer=predict_pb2.PredictResponse.FromString),
+                        lambda: _valid_request(random.Random(0))),
+            "GetModelMetadata": (channel.unary_unary("/tensorflow.serving.PredictionService/GetModelMetadata",
+                                                     request_serializer=get_model_metadata_pb2.GetModelMetadataRequest.SerializeToString,
+                                                     response_deserializer=get_model_metadata_pb2.GetModelMetadataResponse.FromString),
+                                 lambda: get_model_metadata_pb2.GetModelMetadataRequest(model_spec={"name": "tiny"}, metadata_field=["signature_def"])),
+            "GetModelStatus": (channel.unary_unary("/tensorflow.serving.ModelService/GetModelStatus",
+                                                   request_serializer=get_model_status_pb2.GetModelStatusRequest.SerializeToString,
+                                                   response_deserializer=get_model_status_pb2.GetModelStatusResponse.FromString),
+                               lambda: get_model_status_pb2.GetModelStatusRequest(model_spec={"name": "tiny"})),
+        }
+        for method, (call, make) in methods.items():
+            for version in ends:
+                request = make()
+                request.model_spec.version.value = version
+                if problem := check_grpc_outcome(lambda: call(request, timeout=30), codes):
+                    failures.append(f"{method} version {version}: {problem}")
+            request = make()
+            request.model_spec.name = "x" * 50_000  # within the server's 64 KB messages
+            if problem := check_grpc_outcome(lambda: call(request, timeout=30), codes):
+                failures.append(f"{method} with a 50,000-character name: {problem}")
+        predict = methods["Predict"][0]
+        for dims in ([2 ** 63 - 1], [-(2 ** 63)], [2 ** 62, 2 ** 62], [2 ** 31, 0], [9], [1, 2 ** 40]):
+            request = _valid_request(random.Random(0))
+            del request.inputs["ids"].tensor_shape.dim[:]
+            for d in dims:
+                request.inputs["ids"].tensor_shape.dim.add(size=d)
+            if problem := check_grpc_outcome(lambda: predict(request, timeout=30), codes):
+                failures.append(f"Predict with dims {dims}: {problem}")
+        assert not failures, "\n".join(failures)
+        assert codes.get("OK", 0) == 3 and set(codes) == {"OK", "NOT_FOUND", "INVALID_ARGUMENT"}, codes  # version 2 of tiny does not exist
+    _assert_serves(server)
+
+
+def test_a_batch_over_the_limit_is_refused_on_its_shape_before_conversion(server):
+    """The batch is counted on the shape a request declares, before any value is converted: the
+    value that would fail conversion (a string among integers, bytes that are no int32) is never
+    reached. Refusing a batch of a million values must not cost converting them."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.rest_port, timeout=30)
+    status, data = _post(connection, "/v1/models/tiny:predict",
+                         json.dumps({"signature_name": "lookup", "inputs": [0, 1, 2, 3, 0, 1, 2, 3, "x"]}).encode())
+    assert (status, json.loads(data)["error"]) == (400, "input 'ids' has a batch of 9, more than the server's max_batch_size 8")
+    status, data = _post(connection, "/v1/models/tiny:predict",
+                         json.dumps({"signature_name": "lookup", "inputs": [[0], [1]]}).encode())
+    assert (status, json.loads(data)["error"]) == (400, "input 'ids' has shape [2, 1] but signature 'lookup' expects [?]")
+    connection.close()
+    request = predict_pb2.PredictRequest(model_spec={"name": "tiny", "signature_name": "lookup"})
+    request.inputs["ids"].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_INT32, tensor_shape={"dim": [{"size": 9}]},
+                                                          tensor_content=b"\x00" * 5))
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        predict = channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
+                                      request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                                      response_deserializer=predict_pb2.PredictResponse.FromString)
+        with pytest.raises(grpc.RpcError) as e:
+            predict(request, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == "input 'ids' has a batch of 9, more than the server's max_batch_size 8"

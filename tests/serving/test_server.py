@@ -4,6 +4,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from electra_tf.serving import model_config
 from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
+from electra_tf.serving import server as model_server
 from electra_tf.serving.server import ModelServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -306,9 +308,10 @@ def _wait_for(predicate, timeout=30.0):
     return False
 
 
-def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, install_version, tmp_path):
+def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, install_version, tmp_path, caplog):
     base = str(tmp_path / "models" / "tiny")
     install_version(model_templates, base, 1)
+    caplog.set_level("ERROR", logger="electra_tf.serving.manager")
     with ModelServer(base, poll_interval_seconds=0.3) as server:
         client = RestClient("127.0.0.1", server.rest_port, "tiny")
         before = client.predict({"text": ["x"], "text_pair": [""]})["probabilities"]
@@ -329,6 +332,71 @@ def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, instal
         assert status3["state"] == "END" and status3["status"]["error_code"] != "OK"
         assert client.metadata()["model_spec"]["version"] == "2"
         assert client.predict({"text": ["x"], "text_pair": [""]})["probabilities"][0, 1] == after[0, 1]
+
+        # Version 4 without its variables: TensorFlow's reason names the file it did not find.
+        # The status tells the client that reason without the server's paths; the log has them.
+        staging = tmp_path / "models" / ".staging-4"
+        shutil.copytree(model_templates[2], staging)
+        shutil.rmtree(staging / "variables")
+        os.rename(staging, os.path.join(base, "4"))
+        assert _wait_for(lambda: "4" in {s["version"] for s in client.status()["model_version_status"]})
+        with GrpcClient("127.0.0.1", server.grpc_port, "tiny") as grpc_client:
+            messages = {v: (client.status(v)["model_version_status"][0]["status"]["error_message"],
+                            grpc_client.status(v)["model_version_status"][0]["status"]["error_message"])
+                        for v in (3, 4)}
+        for rest_message, grpc_message in messages.values():
+            assert rest_message == grpc_message and str(tmp_path) not in rest_message and "\n" not in rest_message
+        assert messages[3][0].startswith("Failed to load version 3 of model tiny: Error parsing message")
+        assert messages[4][0].startswith("Failed to load version 4 of model tiny: ")
+        assert "<tiny version 4>/variables/variables" in messages[4][0], messages[4][0]
+        assert client.metadata()["model_spec"]["version"] == "2"
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"tiny version 4 failed to load from {os.path.join(base, '4')}" in logged
+    assert os.path.join(base, "4", "variables", "variables") in logged
+
+
+def test_messages_for_clients_lose_the_servers_paths():
+    from electra_tf.serving.errors import without_paths
+
+    text = ("Failed to read /srv/models/tiny/3/variables/variables.index: not found; vocabulary '/opt/x/vocab.txt'"
+            " (method tensorflow/serving/predict, node model/dense/MatMul, /v1)")
+    assert without_paths(text, {"/srv/models/tiny/3": "<tiny version 3>"}) == (
+        "Failed to read <tiny version 3>/variables/variables.index: not found; vocabulary '<path>'"
+        " (method tensorflow/serving/predict, node model/dense/MatMul, /v1)")
+
+
+def _taken_port() -> socket.socket:
+    """A socket listening on a free port of 127.0.0.1, as another server would."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock
+
+
+def test_a_port_in_use_is_a_one_line_error(model_base):
+    with _taken_port() as taken:
+        port = taken.getsockname()[1]
+        for what, ports in (("REST", {"rest_port": port, "grpc_port": 0}), ("gRPC", {"rest_port": 0, "grpc_port": port})):
+            server = ModelServer(model_base, **ports)
+            with pytest.raises(model_server.PortError) as e:
+                server.start()
+            assert str(e.value) == f"{what} port {port} on 127.0.0.1 is already in use"
+            assert server.rest_port is None and server.grpc_port is None  # refused before anything opened
+
+
+@pytest.mark.slow
+def test_serve_binary_reports_a_port_in_use_in_one_line(model_base):
+    with _taken_port() as taken:
+        port = taken.getsockname()[1]
+        runs = {what: subprocess.Popen(
+            [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}", *flags],
+            cwd=REPO, env=_python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for what, flags in (("REST", [f"--rest_api_port={port}", "--port=0"]),
+                                ("gRPC", ["--rest_api_port=0", f"--port={port}"]))}
+        for what, run in runs.items():
+            _, stderr = run.communicate(timeout=120)
+            assert run.returncode != 0 and "Traceback" not in stderr, stderr[-2000:]
+            assert stderr.strip().splitlines()[-1] == f"electra-serve: error: {what} port {port} on 127.0.0.1 is already in use"
 
 
 def test_model_config_round_trips_through_tf_serving_proto(tmp_path):
