@@ -70,8 +70,9 @@ def main(argv):
                                label=f"{_INPUT.value}: line")
         out = "".join(format_line(t, r, _FORMAT.value) + "\n" for t, r in zip(lines, results))
         if _OUTPUT.value:
-            with open(_OUTPUT.value, "w", encoding="utf-8") as f:
-                f.write(out)
+            from electra_tf import files
+
+            files.write_text(_OUTPUT.value, out)  # replaced, never written through a link
         else:
             sys.stdout.write(out)
     except (ScoringError, OSError) as e:

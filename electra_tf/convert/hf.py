@@ -19,9 +19,7 @@ Example:
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
     ConversionError, ConversionReport, Slot, assign, check_vocab_size, damaged, network_of,
     model_slots, plan_load, read_json, vocab_overrides)
+from electra_tf import files
 from electra_tf.files import give_normal_mode
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -409,13 +408,11 @@ def export_hf(model, output_dir, *, vocab_file=None, lower_case: bool | None = N
         folder.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
         give_normal_mode(folder / "model.safetensors")  # save_file leaves 0600
-        (folder / "config.json").write_text(
-            json.dumps(config_to_hf(network.config, architecture), indent=2) + "\n")
+        files.write_json(folder / "config.json", config_to_hf(network.config, architecture))
         if vocab_file is not None and Path(vocab_file).resolve() != (folder / "vocab.txt").resolve():
-            shutil.copyfile(vocab_file, folder / "vocab.txt")
+            files.copy_file(vocab_file, folder / "vocab.txt")
         if vocab_file is not None:
-            (folder / "tokenizer_config.json").write_text(
-                json.dumps(tokenizer_config(lower_case, network.config), indent=2) + "\n")
+            files.write_json(folder / "tokenizer_config.json", tokenizer_config(lower_case, network.config))
         where = "" if folder == out else f"{folder.name}/"
         report.mapped += [(src, where + dst, shape) for src, dst, shape in mapped]
     return report

@@ -63,6 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
+from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
     ConversionError, ConversionReport, network_of, read_json, vocab_overrides)
@@ -320,7 +321,7 @@ def to_keras_hub_preset(source, preset_dir, *, vocab_file=None, lower_case: bool
         "pooler": "identity kernel, zero bias: pooled_output = tanh(h_[CLS])",
         "keras_hub_activation": KERAS_HUB_ACT, "dropped": sorted({r for _, r in report.ignored}),
     }
-    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    files.write_json(out / MARKER, marker)
     report.target = f"keras_hub:{out}"
     return report
 

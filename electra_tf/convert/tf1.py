@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
     KNOWN_TF1_NAME, ConversionError, ConversionReport, assign, check_vocab_size, network_of,
@@ -285,7 +286,6 @@ def export_tf1(model, output_dir, *, vocab_file=None, global_step: int = 0):
     The names and shapes are those of the released checkpoints (plus `global_step`), so the
     authors' `run_finetuning.py` and `tf.train.load_checkpoint` read it. Returns (prefix, report).
     """
-    import shutil
 
     import tensorflow as tf
 
@@ -300,9 +300,9 @@ def export_tf1(model, output_dir, *, vocab_file=None, global_step: int = 0):
     values.append(tf.constant(int(global_step), tf.int64))
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                       tensors=values)
-    (out / "checkpoint").write_text(
-        f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
+    files.write_text(out / "checkpoint",
+                     f'model_checkpoint_path: "{name}"\nall_model_checkpoint_paths: "{name}"\n')
     if vocab_file is not None and Path(vocab_file).resolve() != (out / "vocab.txt").resolve():
-        shutil.copyfile(vocab_file, out / "vocab.txt")
+        files.copy_file(vocab_file, out / "vocab.txt")
     report.target = f"tf1:{prefix}"
     return prefix, report
