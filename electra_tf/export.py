@@ -76,7 +76,7 @@ Example:
 
 from __future__ import annotations
 
-import json
+import glob
 import os
 import re
 import shutil
@@ -88,6 +88,7 @@ import tensorflow_text as tf_text
 
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.tokenizer import WORDPIECE_OPTIONS, WordpieceTokenizer
+from electra_tf import files
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.config import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
@@ -636,10 +637,13 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
     check_version(export_base, model_name, version)
     model_base = os.path.join(export_base, model_name)
     created: list[str] = []  # folders this export made, to remove if it fails
-    staging = None
+    staging = held = None
     try:
         created += _make_folders(export_base)
+        # What killed exports left (a live export holds its staging folder: `files.hold`).
+        files.remove_abandoned(glob.glob(os.path.join(glob.escape(export_base), f".{model_name}-export-*")))
         staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
+        held = files.hold(staging)
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
         archive.write_out(staging, verbose=False)
         report.update({"signatures": _signature_summary(staging), "tensorflow": tf.__version__,
@@ -651,9 +655,7 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
             target_version = version if version is not None else next_version(model_base)
             target = os.path.join(model_base, str(target_version))
             report["version"] = target_version
-            with open(os.path.join(staging, EXPORT_REPORT), "w", encoding="utf-8") as f:
-                json.dump(report, f, indent=2)
-                f.write("\n")
+            files.write_json(os.path.join(staging, EXPORT_REPORT), report)
             try:
                 os.mkdir(target)  # claims the version; fails if another export got there first
             except FileExistsError:
@@ -664,6 +666,9 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
             os.rename(staging, target)  # replaces the empty folder just made, atomically
             return target
     except BaseException as e:
+        if held is not None:
+            os.close(held)
+            held = None
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         for folder in reversed(created):
@@ -677,6 +682,9 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
         hint = "; free space (or lift the file-size limit) and run it again" if _DISK_FULL_TEXT.search(reason) else ""
         raise ExportError(f"writing the export to {model_base} failed: {reason}; "
                           f"what it had written is removed{hint}") from e
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def _signature_summary(export_path: str) -> dict:

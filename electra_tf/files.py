@@ -356,6 +356,40 @@ class FolderLock:
         self.release()
 
 
+# --- folders in progress, several writers ------------------------------------------------------
+def hold(folder) -> int:
+    """Marks `folder` (a private staging folder) as in progress: an flock on the folder itself,
+    held until `os.close` of the returned fd (or the process's death). Where several processes
+    may stage beside each other (exports to one base), `remove_abandoned` then tells a dead
+    writer's folder from a live one's."""
+    import fcntl
+
+    fd = os.open(str(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def remove_abandoned(folders) -> list[str]:
+    """Deletes each of `folders` that no live process holds (`hold`): a killed writer's."""
+    import fcntl
+
+    removed = []
+    for folder in folders:
+        try:
+            fd = os.open(str(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live writer's
+        finally:
+            os.close(fd)
+        shutil.rmtree(str(folder), ignore_errors=True)
+        removed.append(str(folder))
+    return removed
+
+
 # --- a full disk ---------------------------------------------------------------------------------
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EFBIG, errno.EDQUOT}
 _DISK_FULL_TEXT = re.compile(r"No space left on device|File too large|Disk quota exceeded", re.I)

@@ -742,6 +742,56 @@ def test_electra_export_over_the_file_size_limit_is_one_line_and_leaves_nothing(
     assert not os.path.exists(tmp_path / "outside")
 
 
+@pytest.mark.slow  # two exports of the binary, one killed, ~20 s
+def test_kill_9_during_an_export_shows_no_version_and_the_next_export_clears_its_staging(finetuned, tmp_path):
+    """Killed when its staging folder holds the whole SavedModel (just before the rename): the
+    existing version is untouched, no new version is visible, and the next export removes the
+    dead one's staging folder (a live export's is kept: it holds a lock on it)."""
+    import time
+
+    from electra_tf import files
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    base = tmp_path / "export"
+    (base / "m" / "1").mkdir(parents=True)
+    (base / "m" / "1" / "saved_model.pb").write_bytes(b"version 1")
+    live = base / ".m-export-live"  # another export in progress, holding its folder
+    live.mkdir()
+    held = files.hold(live)
+
+    def export():
+        return subprocess.Popen(
+            [sys.executable, "-m", "electra_tf.tools.export", f"--checkpoint={finetuned / 'classification'}",
+             f"--export_base={base}", "--model_name=m"], cwd=repo, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+
+    def staged_whole():
+        return [n for n in os.listdir(base) if n.startswith(".m-export-") and n != live.name
+                and (base / n / "saved_model.pb").exists() and (base / n / "variables").exists()]
+
+    try:
+        process = export()
+        while process.poll() is None and not staged_whole():
+            time.sleep(0.0005)
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        process.kill()
+        process.communicate(timeout=60)
+        assert [v for v in os.listdir(base / "m") if (base / "m" / v / "saved_model.pb").exists()] == ["1"]
+        assert (base / "m" / "1" / "saved_model.pb").read_bytes() == b"version 1"
+        dead = staged_whole()
+        assert dead  # what the kill left, hidden from a server watching BASE/m
+
+        process = export()
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
+        complete = sorted(v for v in os.listdir(base / "m") if (base / "m" / v / "saved_model.pb").exists())
+        assert len(complete) == 2 and complete[0] == "1"
+        assert not any((base / n).exists() for n in dead)
+        assert live.exists()
+    finally:
+        os.close(held)
+
+
 # ---------------------------------------------------------------------------------------
 # End to end: export -> ModelServer over real sockets.
 # ---------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from electra_tf import files
 
 
 def plant(folder, names, tmp_path) -> dict:
@@ -71,20 +70,33 @@ def wait_for(condition, process, what: str, timeout=120.0) -> None:
         time.sleep(0.005)
 
 
+def limit_file_size(nbytes: int):
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+    return apply
+
+
 @pytest.mark.slow
-@pytest.mark.multiprocess  # a stopped run, a refused one, a resumed one, ~40 s
-def test_a_second_run_on_a_folder_in_use_is_refused_and_links_at_its_names_are_replaced(
+@pytest.mark.multiprocess  # five runs of the binary on one folder, ~60 s
+def test_one_run_folder_through_a_second_writer_a_kill_during_export_and_a_full_disk(
         tmp_path, pretrain_shards, pretrain_vocab, th):
+    from electra_tf.convert.pretrained import from_pretrained
+
     model_dir = tmp_path / "run"
+    disc = model_dir / "discriminator"
+
+    def flags(steps):
+        return th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir), num_train_steps=steps)
+
+    # 1. Links at the names the run writes are replaced, not followed; a second run on the
+    #    folder while the first holds it (stopped mid-run) is refused at once, naming its pid.
     victims = plant(model_dir, ["pretraining_config.json", "pretraining_config.json.tmp"], tmp_path)
-    first = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
-                                              num_train_steps=4))
+    first = th.pretrain_process(flags(4))
     try:
         wait_for(lambda: not os.path.islink(model_dir / "pretraining_config.json"), first,
                  "run record")
-        first.send_signal(signal.SIGSTOP)  # holds the lock, mid-run
-        second = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
-                                                   num_train_steps=4))
+        first.send_signal(signal.SIGSTOP)
+        second = th.pretrain_process(flags(4))
         out, _ = second.communicate(timeout=300)
         assert second.returncode == 1, out[-3000:]
         assert out.strip().splitlines()[-1] == (
@@ -96,24 +108,23 @@ def test_a_second_run_on_a_folder_in_use_is_refused_and_links_at_its_names_are_r
     out, _ = first.communicate(timeout=300)
     assert first.returncode == 0, out[-3000:]
     assert_untouched(victims)
-    assert (model_dir / "discriminator" / "electra_tf_checkpoint.json").exists()
+    from_pretrained(str(disc))
 
+    # 2. kill -9 while the resumed run's discriminator is staged (its checkpoint written):
+    #    the previous discriminator/ is untouched and whole.
+    before = os.stat(disc).st_ino
+    process = th.pretrain_process(flags(6))
+    wait_for(lambda: any((model_dir / n / "model.index").exists() for n in os.listdir(model_dir)
+                         if n.startswith(".discriminator.staging-")), process, "staged discriminator")
+    process.kill()
+    process.communicate(timeout=60)
+    assert os.stat(disc).st_ino == before
+    from_pretrained(str(disc))
 
-def limit_file_size(nbytes: int):
-    def apply():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
-    return apply
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess  # a run that fills its disk, a resumed one, ~30 s
-def test_a_full_disk_at_a_checkpoint_is_one_line_cleans_its_partial_files_and_resumes(
-        tmp_path, pretrain_shards, pretrain_vocab, th):
-    # Python ignores SIGXFSZ, so past RLIMIT_FSIZE a write fails with EFBIG ("File too large"),
-    # as on a full disk: the first checkpoint's data file is larger than this limit.
-    model_dir = tmp_path / "run"
-    flags = th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir), num_train_steps=4)
-    process = th.pretrain_process(flags, preexec_fn=limit_file_size(64 * 1024))
+    # 3. A full disk at the next checkpoint. Python ignores SIGXFSZ, so past RLIMIT_FSIZE a write
+    #    fails with EFBIG ("File too large") as on a full disk; the checkpoint's data file is
+    #    larger than this limit. One line, and no partial checkpoint left.
+    process = th.pretrain_process(flags(8), preexec_fn=limit_file_size(64 * 1024))
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 1, out[-3000:]
     line = out.strip().splitlines()[-1]
@@ -121,72 +132,16 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_cleans_its_partial_files_and_re
     assert line.endswith("free space and rerun the same command (what was finished is kept)")
     assert "Traceback" not in out
     left = os.listdir(model_dir)
-    assert not [n for n in left if n.endswith("_temp") or ".tempstate" in n or n.startswith("ckpt-2")], left
+    assert not [n for n in left if n.endswith("_temp") or ".tempstate" in n or n.startswith("ckpt-8")], left
 
-    # Debris of a killed save (TensorFlow's own temporary folder) is cleaned at the next start.
-    os.makedirs(model_dir / "ckpt-2_temp")
-    (model_dir / "ckpt-2_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x" * 10)
-    process = th.pretrain_process(flags)
+    # 4. Debris of a killed save (TensorFlow's temporary folder) and of the killed export is
+    #    cleaned at the next start; the same command resumes and swaps in a new discriminator/.
+    os.makedirs(model_dir / "ckpt-8_temp")
+    (model_dir / "ckpt-8_temp" / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"x" * 10)
+    process = th.pretrain_process(flags(8))
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out[-3000:]
-    assert not (model_dir / "ckpt-2_temp").exists()
-    assert (model_dir / "ckpt-4.index").exists()
-
-
-@pytest.mark.slow  # one tiny pretraining run in-process, ~10 s
-def test_the_discriminator_folder_is_swapped_in_whole(tmp_path, pretrain_shards, pretrain_vocab):
-    from electra_tf.config import ElectraConfig
-    from electra_tf.training import pretraining
-    from electra_tf.training.strategy import create_strategy
-
-    model_dir = tmp_path / "run"
-    old = model_dir / "discriminator"
-    old.mkdir(parents=True)
-    (old / "model.index").write_text("an earlier export")
-    # A half-written one of a killed run, and a previous one caught between two renames.
-    (model_dir / ".discriminator.staging-dead").mkdir()
-    config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab)
-    run = pretraining.PretrainingConfig(train_batch_size=8, max_seq_length=32, num_train_steps=2,
-                                        num_warmup_steps=1, steps_per_loop=2, save_checkpoints_steps=2)
-    inode = os.stat(old).st_ino
-    pretraining.run_pretraining(config, run, pretrain_shards, str(model_dir), create_strategy("one_device"),
-                                vocab_file=pretrain_vocab)
-    assert os.stat(old).st_ino != inode  # a new folder, not the old one rewritten
-    assert (old / "electra_tf_checkpoint.json").exists() and (old / "vocab.txt").exists()
-    assert not [n for n in os.listdir(model_dir) if "staging" in n or "previous" in n]
-    assert files.LOCK_NAME in os.listdir(model_dir)
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess  # a 4-step run, two resumed runs killed while exporting, one finishing, ~60 s
-def test_kill_9_while_the_discriminator_is_exported_keeps_the_previous_one_whole(
-        tmp_path, pretrain_shards, pretrain_vocab, th):
-    from electra_tf.convert.pretrained import from_pretrained
-
-    model_dir = tmp_path / "run"
-    process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
-                                                num_train_steps=4))
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out[-3000:]
-    disc = model_dir / "discriminator"
-
-    def staged(marker):
-        names = [n for n in os.listdir(model_dir) if n.startswith(".discriminator.staging-")]
-        return any((model_dir / n / marker).exists() if marker else True for n in names)
-
-    # Resumed runs to 6 steps, killed when the new folder appears and when it holds its checkpoint.
-    for marker in (None, "model.index"):
-        before = os.stat(disc).st_ino
-        process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
-                                                    num_train_steps=6))
-        wait_for(lambda: staged(marker), process, f"staged discriminator ({marker})")
-        process.kill()
-        process.communicate(timeout=60)
-        assert os.stat(disc).st_ino == before  # the previous export, untouched
-        from_pretrained(str(disc))  # and whole
-    process = th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir),
-                                                num_train_steps=6))
-    out, _ = process.communicate(timeout=300)
-    assert process.returncode == 0, out[-3000:]
+    assert not (model_dir / "ckpt-8_temp").exists() and (model_dir / "ckpt-8.index").exists()
+    assert os.stat(disc).st_ino != before
     from_pretrained(str(disc))
     assert not [n for n in os.listdir(model_dir) if n.startswith(".discriminator.")]
