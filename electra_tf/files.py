@@ -98,19 +98,8 @@ def write_bytes(path, data: bytes) -> None:
             f.write(data)
         tf.io.gfile.rename(tmp, path, overwrite=True)
         return
-    folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=_TEMP_SUFFIX, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        give_normal_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with replacing(path, "wb") as f:
+        f.write(data)
 
 
 def write_text(path, text: str, encoding: str = "utf-8") -> None:
