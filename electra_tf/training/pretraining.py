@@ -66,6 +66,7 @@ loadable by `from_pretrained` and fine-tuning).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -492,6 +493,8 @@ def checkpoint_prefixes(model_dir) -> list[str]:
     """
     found = []
     for index in tf.io.gfile.glob(os.path.join(str(model_dir), f"{CHECKPOINT_PREFIX}-*.index")):
+        if not files.is_remote(index) and os.path.islink(index):
+            continue  # not a save of ours: a run never writes a link (`_save` replaces one)
         prefix = index[:-len(".index")]
         number = prefix.rsplit("-", 1)[-1]
         if number.isdigit():
@@ -879,7 +882,15 @@ def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: 
 
 def _save(manager: tf.train.CheckpointManager, step: int) -> str:
     """A checkpoint at `step`; a failed save (a full disk) removes its partial files before the
-    error goes up, so the newest complete checkpoint stays the one a rerun resumes from."""
+    error goes up, so the newest complete checkpoint stays the one a rerun resumes from.
+
+    TensorFlow writes the merged `<prefix>.index` straight to its final name, through a link
+    if one is there: links at the names this save writes are removed first (the folder is
+    locked by this run, so nothing of ours can be a link there)."""
+    if not files.is_remote(manager.directory):
+        for path in glob.glob(os.path.join(glob.escape(manager.directory), f"{CHECKPOINT_PREFIX}-{step}.*")):
+            if os.path.islink(path):
+                os.unlink(path)
     try:
         return manager.save(checkpoint_number=step)
     except Exception:

@@ -88,9 +88,11 @@ def test_one_run_folder_through_a_second_writer_a_kill_during_export_and_a_full_
     def flags(steps):
         return th.tiny_flags(pretrain_shards, pretrain_vocab, str(model_dir), num_train_steps=steps)
 
-    # 1. Links at the names the run writes are replaced, not followed; a second run on the
+    # 1. Links at the names the run writes (TensorFlow's checkpoint files too) are replaced, not
+    #    followed, and a link at a checkpoint's name is no checkpoint to resume; a second run on the
     #    folder while the first holds it (stopped mid-run) is refused at once, naming its pid.
-    victims = plant(model_dir, ["pretraining_config.json", "pretraining_config.json.tmp"], tmp_path)
+    victims = plant(model_dir, ["pretraining_config.json", "pretraining_config.json.tmp", "ckpt-2.index",
+                                "ckpt-4.data-00000-of-00001", "checkpoint"], tmp_path)
     first = th.pretrain_process(flags(4))
     try:
         wait_for(lambda: not os.path.islink(model_dir / "pretraining_config.json"), first,
