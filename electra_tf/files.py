@@ -232,6 +232,12 @@ def staged_folder(final):
         raise
 
 
+# `.<name>.<random>.tmp` as mkstemp (8 characters) and `temporary_name` (12) make them, and
+# TensorFlow's `<prefix>-<number>_temp` folder of a checkpoint save: nothing a user names so.
+_OUR_TEMPORARY = re.compile(r"^\..+\.[a-z0-9_]{8,12}\.tmp$")
+_TF_CHECKPOINT_TEMP = re.compile(r"^.+-\d+_temp$")
+
+
 def remove_stale_temporaries(folder) -> list[str]:
     """Deletes the temporaries that killed writers left in `folder`: `.<name>.<random>.tmp` files
     of `write_*`, staging folders, and TensorFlow's `<prefix>_temp` checkpoint folders. Call with
@@ -242,9 +248,9 @@ def remove_stale_temporaries(folder) -> list[str]:
     removed = []
     for n in os.listdir(folder):
         path = os.path.join(folder, n)
-        temporary = n.startswith(".") and n.endswith(_TEMP_SUFFIX) and not os.path.isdir(path)
+        temporary = _OUR_TEMPORARY.match(n) is not None and not os.path.isdir(path)
         staging = n.startswith(".") and _STAGING_MARK in n and os.path.isdir(path)
-        tf_temp = n.endswith("_temp") and os.path.isdir(path) and not os.path.islink(path)
+        tf_temp = _TF_CHECKPOINT_TEMP.match(n) is not None and os.path.isdir(path) and not os.path.islink(path)
         if temporary or staging or tf_temp:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path, ignore_errors=True)

@@ -104,12 +104,14 @@ def test_a_folder_caught_between_the_two_fallback_renames_is_recovered(tmp_path)
 def test_stale_temporaries_of_killed_writers_are_removed(tmp_path):
     (tmp_path / "ckpt-6_temp").mkdir()
     (tmp_path / "ckpt-6_temp" / "part-00000-of-00001.data-00000-of-00001").write_text("x")
-    (tmp_path / ".pretraining_config.json.ab12cd.tmp").write_text("x")
+    (tmp_path / os.path.basename(files.temporary_name(tmp_path / "pretraining_config.json"))).write_text("x")
     (tmp_path / ".best.staging-xyz").mkdir()
     (tmp_path / "ckpt-4.index").write_text("keep")
+    (tmp_path / "my_temp").mkdir()  # a user's: not a name electra_tf or TensorFlow gives
+    (tmp_path / ".notes.tmp").write_text("keep")
     removed = files.remove_stale_temporaries(tmp_path)
     assert len(removed) == 3
-    assert sorted(os.listdir(tmp_path)) == ["ckpt-4.index"]
+    assert sorted(os.listdir(tmp_path)) == [".notes.tmp", "ckpt-4.index", "my_temp"]
 
 
 HOLD = textwrap.dedent("""
