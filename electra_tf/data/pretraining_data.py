@@ -729,10 +729,16 @@ def _input_files(config: BuildConfig) -> tuple[list[str], bool]:
     return [path], True
 
 
+def _finished_shard(path: str) -> bool:
+    """A shard a build of ours finished: a file at its final name (renamed there only when
+    complete). A link there is not one of ours: the shard is built again, replacing it."""
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
 def _check_same_build(output_dir: str, build_key: dict) -> None:
     """Records what the shards of `output_dir` are built from, or checks it is what they were."""
     key_path = os.path.join(output_dir, BUILD_CONFIG)
-    if not os.path.exists(key_path):
+    if os.path.islink(key_path) or not os.path.exists(key_path):  # a link is never ours: replaced
         _write_json_atomic(key_path, build_key)
         return
     with open(key_path, encoding="utf-8") as f:
@@ -848,7 +854,7 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
 
     _remove_temp_files(config.output_dir)  # leftovers of a killed run
     todo = [s for s in range(num_shards)
-            if not os.path.exists(os.path.join(config.output_dir, shard_name(s, num_shards)))]
+            if not _finished_shard(os.path.join(config.output_dir, shard_name(s, num_shards)))]
     if len(todo) < num_shards:
         logging.info("Resuming: %d of %d shards already finished", num_shards - len(todo),
                      num_shards)

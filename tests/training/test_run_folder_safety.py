@@ -52,12 +52,18 @@ def test_vocab_and_data_commands_replace_planted_links_and_never_write_through_t
     assert "[CLS]" in (vocab_dir / "vocab.txt").read_text()
 
     out = tmp_path / "shards"
-    victims.update(plant(out, ["manifest.json", "manifest.json.tmp"], vocab_dir))
+    victims.update(plant(out, ["manifest.json", "manifest.json.tmp", ".build_config.json",
+                               "pretrain_data.tfrecord-00001-of-00002"], vocab_dir))
+    (tmp_path / "elsewhere").mkdir()
+    victims.update(plant(out / ".shard_stats", ["00000.json"], tmp_path / "elsewhere"))
     proc = tool("build_pretraining_data", f"--input={corpus}", f"--vocab_file={pretrain_vocab}",
                 f"--output_dir={out}", "--max_seq_length=32", "--num_shards=2", "--num_processes=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not os.path.islink(out / "manifest.json")
     assert '"num_shards": 2' in (out / "manifest.json").read_text()
+    for name in ("manifest.json", ".build_config.json", "pretrain_data.tfrecord-00001-of-00002",
+                 ".shard_stats/00000.json"):
+        assert os.path.isfile(out / name) and not os.path.islink(out / name), name
     assert_untouched(victims)
 
 
