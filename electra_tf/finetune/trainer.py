@@ -759,6 +759,18 @@ def finished_settings(model_dir) -> dict | None:
         return {}
 
 
+def _flat(settings: dict) -> dict:
+    """Settings with the hyperparameter overrides (a dict) as fields of their own, so that a
+    refusal names `learning_rate`, not the whole override dict."""
+    out = {}
+    for name, value in settings.items():
+        if name == "finetuning_config" and isinstance(value, dict):
+            out.update(value)
+        else:
+            out[name] = value
+    return out
+
+
 def check_finished_run(model_dir, settings: dict, overwrite: bool) -> None:
     """Raises RunFolderError naming every setting that differs when `model_dir` holds a finished
     model fine-tuned otherwise, unless `overwrite`. The same settings rerun (the new model
@@ -766,15 +778,20 @@ def check_finished_run(model_dir, settings: dict, overwrite: bool) -> None:
     recorded = finished_settings(model_dir)
     if recorded is None or overwrite:
         return
-    settings = json.loads(json.dumps(settings, default=str))
+    settings = _flat(json.loads(json.dumps(settings, default=str)))
     if not recorded:
         differs = "its settings are not recorded (an earlier version wrote it)"
     else:
+        recorded = _flat(recorded)
         names = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
         if not names:
             return
-        differs = ("it was fine-tuned with " + ", ".join(f"{k}={recorded.get(k)!r}" for k in names)
-                   + ", this run asks for " + ", ".join(f"{k}={settings.get(k)!r}" for k in names))
+
+        def shown(values, name):
+            return f"{name}={values[name]!r}" if name in values else f"{name} (default)"
+
+        differs = ("it was fine-tuned with " + ", ".join(shown(recorded, k) for k in names)
+                   + ", this run asks for " + ", ".join(shown(settings, k) for k in names))
     raise RunFolderError(
         f"model_dir {model_dir} holds a finished model: {differs}; use another --model_dir, or "
         "--overwrite to replace it (the old model stays until the new one is complete)")
