@@ -185,7 +185,7 @@ def publish_folder(staging, final) -> None:
     if exchange(staging, final):
         shutil.rmtree(staging, ignore_errors=True)  # it now holds the previous folder
         return
-    previous = f"{_hidden(final, _PREVIOUS_MARK)}"
+    previous = _hidden(final, _PREVIOUS_MARK)
     os.rename(final, previous)  # recover_folder puts it back if we die before the next line
     os.rename(staging, final)
     shutil.rmtree(previous, ignore_errors=True)

@@ -160,7 +160,8 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
 def request_settings(task, model_config=None, finetuning_config=None, **given) -> dict:
     """What a run was asked for, as recorded in results.json ("settings") and compared when a
     later run targets the same model_dir: the task, the starting point, the hyperparameter
-    overrides, the data files and limits (`given`: their keyword arguments)."""
+    overrides, the data files and limits (`given`: their keyword arguments). Examples given in
+    memory (`train_examples`, `eval_examples`) are recorded by their number."""
     def plain(value):
         if value is None or isinstance(value, (bool, int, float, str)):
             return value
@@ -180,6 +181,8 @@ def request_settings(task, model_config=None, finetuning_config=None, **given) -
     settings = {"task": plain(task), "model_config": plain(model_config),
                 "finetuning_config": plain(finetuning_config)}
     for name, value in given.items():
+        if name in ("train_examples", "eval_examples") and value is not None:
+            value = len(value)
         if name in paths and isinstance(value, (str, os.PathLike)):
             value = os.path.abspath(os.path.expanduser(value))
         settings[name] = plain(value)
@@ -198,8 +201,7 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
             train_path=train_path, eval_path=eval_path, data_dir=data_dir, vocab_file=vocab_file,
             lower_case=lower_case, seed=seed, max_train_examples=max_train_examples,
             max_eval_examples=max_eval_examples, model_size=model_size,
-            train_examples=None if train_examples is None else len(train_examples),
-            eval_examples=None if eval_examples is None else len(eval_examples))
+            train_examples=train_examples, eval_examples=eval_examples)
     out.check_rerun(settings, overwrite)
     task, files_ = _task_and_files(task, data_dir, train_path, eval_path)
     family = get_family(task.family)
@@ -892,8 +894,7 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
     chief = is_chief(kwargs["strategy"])
     settings = request_settings(
         task, model_config, finetuning_config, seed=seed, num_seeds=num_seeds,
-        **{k: (len(v) if k.endswith("_examples") and not k.startswith("max_") and v is not None else v)
-           for k, v in kwargs.items() if k not in ("strategy", "log", "tfds_data_dir")})
+        **{k: v for k, v in kwargs.items() if k not in ("strategy", "log", "tfds_data_dir")})
     lock = files.FolderLock(model_dir, "electra-finetune").acquire() if chief else None
     try:
         if chief:
@@ -912,8 +913,7 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
                 best_run = next(r for r in runs if r["seed"] == results["best_seed"])
                 staging = Path(tempfile.mkdtemp(prefix=".best.staging-", dir=model_dir))
                 try:
-                    shutil.rmtree(staging)
-                    shutil.copytree(best_run["best_model_dir"], staging, symlinks=True)
+                    shutil.copytree(best_run["best_model_dir"], staging, symlinks=True, dirs_exist_ok=True)
                     files.give_normal_mode(staging)
                     publish_best(model_dir, staging, results)
                 finally:
