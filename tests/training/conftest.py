@@ -78,13 +78,15 @@ def tiny_flags(data, vocab, model_dir, **extra) -> list[str]:
     return out
 
 
-def pretrain_process(args, env=None, **kwargs) -> subprocess.Popen:
-    """`python -m electra_tf.tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped."""
+def pretrain_process(args, env=None, launcher=None, **kwargs) -> subprocess.Popen:
+    """`python -m electra_tf.tools.pretrain ARGS` from the repo root, one CPU thread pool, output piped.
+    `launcher`: Python source run with `-c` instead, which must run the binary itself."""
     full_env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1",
                     CUDA_VISIBLE_DEVICES="", TF_NUM_INTRAOP_THREADS="1")
     full_env.pop("TF_CONFIG", None)
     full_env.update(env or {})
-    return subprocess.Popen([sys.executable, "-m", "electra_tf.tools.pretrain", *args], cwd=REPO,
+    start = ["-c", launcher] if launcher else ["-m", "electra_tf.tools.pretrain"]
+    return subprocess.Popen([sys.executable, *start, *args], cwd=REPO,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, **kwargs)
 

@@ -76,6 +76,26 @@ def wait_for(condition, process, what: str, timeout=120.0) -> None:
         time.sleep(0.005)
 
 
+# `electra-pretrain` whose `files.publish_folder` first stops the process (SIGSTOP): the binary
+# itself, held at the point between "staged folder complete" and "published".
+_STOP_BEFORE_PUBLISH = """
+import os, runpy, signal, sys
+from electra_tf import files
+publish = files.publish_folder
+def stop_then_publish(staging, final):
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return publish(staging, final)
+files.publish_folder = stop_then_publish
+sys.argv = ["electra-pretrain", *sys.argv[1:]]
+runpy.run_module("electra_tf.tools.pretrain", run_name="__main__", alter_sys=True)
+"""
+
+
+def stopped(process) -> bool:
+    with open(f"/proc/{process.pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+
+
 def limit_file_size(nbytes: int):
     def apply():
         resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
@@ -120,10 +140,13 @@ def test_one_run_folder_through_a_second_writer_a_kill_during_export_and_a_full_
 
     # 2. kill -9 while the resumed run's discriminator is staged (its checkpoint written):
     #    the previous discriminator/ is untouched and whole.
+    #    The window is milliseconds, so the binary stops itself (SIGSTOP) just before publishing
+    #    the staged folder, and is killed there: the same point on every machine.
     before = os.stat(disc).st_ino
-    process = th.pretrain_process(flags(6))
-    wait_for(lambda: any((model_dir / n / "model.index").exists() for n in os.listdir(model_dir)
-                         if n.startswith(".discriminator.staging-")), process, "staged discriminator")
+    process = th.pretrain_process(flags(6), launcher=_STOP_BEFORE_PUBLISH)
+    wait_for(lambda: stopped(process), process, "staged discriminator")
+    assert any((model_dir / n / "model.index").exists() for n in os.listdir(model_dir)
+               if n.startswith(".discriminator.staging-")), os.listdir(model_dir)
     process.kill()
     process.communicate(timeout=60)
     assert os.stat(disc).st_ino == before
