@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The tests also run the PyTorch reference (the `anchors` extra: torch CPU + transformers).
+TEST_STAMP := $(VENV)/.installed-anchors
 
 .PHONY: demo test venv clean
 
@@ -19,7 +21,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m electra_tf.tools.demo
 
-test: $(STAMP)
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[all,anchors]"
+	@touch $(TEST_STAMP)
+
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q tests
 
 clean:

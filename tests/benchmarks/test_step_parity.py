@@ -1,0 +1,216 @@
+"""One pretraining step of electra_tf equals the PyTorch reference's (benchmarks/torch_electra.py).
+
+Both sides start from the same weights (copied across by the project's Hugging Face converter,
+`electra_tf.convert.hf.hf_tensors`), see the same batches and exactly the randomness electra_tf
+drew (masked positions, kept-original choices, Gumbel noise), with dropout off. Two optimizer
+steps are taken, from a step inside the warmup (the first update of a run has learning rate 0):
+the first from zero Adam moments, the second from the moments the first left. At each step the
+generator and discriminator losses, every parameter's gradient, and every weight after the update
+(and the update itself) agree to 1e-5 relative. electra_tf's step is the binary's own: the
+optimizer and model from `training.pretraining._build` and the loop from `make_loop_fn`.
+
+Needs torch and transformers (`pip install -e '.[anchors]'`); skipped with that hint without them.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from benchmarks import torch_electra
+from electra_tf.config import ElectraConfig
+from electra_tf.convert.common import model_slots
+from electra_tf.convert.hf import hf_name, hf_tensors
+from electra_tf.models import masking
+from electra_tf.models.pretrainer import sampling_seed
+from electra_tf.training import pretraining
+
+PAD, CLS, SEP, MASK = 0, 2, 3, 4
+VOCAB = 20  # small: the generator's samples are sometimes the original (labelled real)
+SEQ = 24
+START_STEP = 7  # inside the warmup: learning rate > 0 and still rising
+TOLERANCE = 1e-5
+ZERO_GRADIENT = re.compile(r"attention/self/key/bias$")
+
+
+@pytest.fixture(scope="module")
+def torch():
+    reason = torch_electra.available()
+    if reason:
+        pytest.skip(f"the PyTorch reference cannot run: {reason}")
+    import torch
+
+    torch.set_num_threads(1)
+    return torch
+
+
+def batches(seed: int, count: int = 3, size: int = 8) -> list[dict]:
+    """[CLS] a [SEP] b [SEP] then padding; varied lengths (one row full); segment 1 on b.
+    """
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        ids = np.zeros((size, SEQ), np.int32)
+        mask, segments = np.zeros_like(ids), np.zeros_like(ids)
+        for row in range(size):
+            n = SEQ if row == 0 else int(rng.integers(8, SEQ))
+            ids[row, :n] = rng.integers(5, VOCAB, n)
+            half = n // 2
+            ids[row, 0], ids[row, half], ids[row, n - 1] = CLS, SEP, SEP
+            mask[row, :n] = 1
+            segments[row, half + 1:n] = 1
+        out.append({"input_ids": ids, "input_mask": mask, "segment_ids": segments})
+    return out
+
+
+def relative(ours, theirs) -> float:
+    """||ours - theirs|| / ||theirs|| (absolute when theirs is 0)."""
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    scale = np.linalg.norm(theirs)
+    diff = np.linalg.norm(ours - theirs)
+    return float(diff / scale) if scale > 0 else float(diff)
+
+
+class Pair:
+    """electra_tf's pretrainer as the binary builds it, and the reference with its weights."""
+
+    def __init__(self, torch, config: ElectraConfig, total_steps=1000, warmup=50, beta_2=0.98):
+        self.torch, self.config = torch, config
+        train = pretraining.PretrainingConfig(
+            train_batch_size=8, num_train_steps=total_steps, learning_rate=3e-3,
+            num_warmup_steps=warmup, max_seq_length=SEQ, adam_beta_2=beta_2, seed=11)
+        self.strategy = tf.distribute.get_strategy()
+        self.model, self.opt, _ = pretraining._build(config, train, self.strategy)
+        self.opt.iterations.assign(START_STEP)
+        self.loop = pretraining.make_loop_fn(self.model, self.strategy)
+
+        torch.manual_seed(0)
+        self.ref = torch_electra.build_networks(config)
+        # Our weights, through the converter, into both Hugging Face models.
+        for ours, theirs in ((self.model.generator, self.ref.generator),
+                             (self.model.discriminator, self.ref.discriminator)):
+            tensors, _, _ = hf_tensors(ours)
+            missing, unexpected = theirs.load_state_dict(
+                {k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+            assert not unexpected, unexpected
+            # Only the tied output matrix (it is the word embeddings) is not in the state dict.
+            assert set(missing) <= {"generator_lm_head.weight"}, missing
+        self.torch_opt = torch_electra.AdamWeightDecay(
+            self.ref.parameters, peak_lr=train.learning_rate, total_steps=total_steps,
+            warmup_steps=warmup, weight_decay=train.weight_decay, beta_2=beta_2,
+            clip_norm=train.clip_norm, step=START_STEP)
+        # Each variable of ours -> (its TF1 slot, the reference's parameter).
+        by_id = {id(p): p for p in self.ref.parameters.values()}
+        self.slots = []
+        for ours, theirs in ((self.model.discriminator, self.ref.discriminator),
+                             (self.model.generator, self.ref.generator)):
+            params = dict(theirs.named_parameters(remove_duplicate=False))
+            for slot in model_slots(ours):
+                param = params[hf_name(slot.name)]
+                assert id(param) in by_id
+                self.slots.append((slot, param))
+        variables = {id(v) for v in self.model.trainable_variables}
+        assert {id(s.variable) for s, _ in self.slots} == variables, "a variable has no counterpart"
+        assert len({id(p) for _, p in self.slots}) == len(self.ref.parameters)
+
+    def as_theirs(self, slot, value) -> np.ndarray:
+        value = np.asarray(tf.convert_to_tensor(value)).reshape(slot.shape)
+        return value.T if slot.is_kernel else value
+
+    def weights(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [(self.as_theirs(s, s.variable), p.detach().numpy().copy()) for s, p in self.slots]
+
+    def step(self, features) -> dict:
+        """One step on both sides; returns what to compare."""
+        torch, model, c = self.torch, self.model, self.config
+        tensors = {k: tf.constant(v) for k, v in features.items()}
+        seed = model.step_seed()
+        # electra_tf's draws and gradient (as `pretraining_step` takes it, before the update).
+        with tf.GradientTape() as tape:
+            out = model.compute_objective(tensors, seed, training=True)
+        variables = model.trainable_variables
+        grads = dict(zip((id(v) for v in variables), tape.gradient(out["loss"], variables)))
+        batch = out["masked"]
+        n = batch.positions.shape[1]
+        uniform = tf.random.stateless_uniform([len(features["input_ids"]), n, c.vocab_size],
+                                              seed=sampling_seed(tf.cast(seed, tf.int64)))
+        shown = tf.gather(batch.masked_input_ids, batch.positions, batch_dims=1) == c.mask_token_id
+        draws = torch_electra.Draws(
+            positions=torch.from_numpy(batch.positions.numpy().astype(np.int64)),
+            weights=torch.from_numpy(batch.weights.numpy()),
+            shows_mask=torch.from_numpy(shown.numpy()),
+            uniform=torch.from_numpy(uniform.numpy()))
+
+        # The reference on the same batch and draws.
+        t = {k: torch.from_numpy(v.astype(np.int64)) for k, v in features.items()}
+        torch_electra.zero_grad(self.ref)
+        ref = torch_electra.objective(self.ref, c, t["input_ids"], t["input_mask"],
+                                      t["segment_ids"], draws)
+        ref["loss"].backward()
+        gradients = [(self.as_theirs(s, grads[id(s.variable)]), p.grad.numpy().copy())
+                     for s, p in self.slots]
+
+        # The binary's step on ours, the authors' optimizer on the reference.
+        before = self.weights()
+        self.loop(iter(tf.data.Dataset.from_tensors(tensors).repeat()), tf.constant(1),
+                  tf.constant(False))
+        lr = self.torch_opt.apply()
+        after = self.weights()
+        return dict(out=out, ref=ref, gradients=gradients, before=before, after=after, lr=lr)
+
+
+CASES = {
+    "tied embeddings": dict(embedding_sharing="embeddings"),
+    "every weight tied": dict(embedding_sharing="all", generator_hidden_size=1.0),
+    "untied": dict(embedding_sharing="untied"),
+    "ELECTRA 15%": dict(objective="electra_15"),
+    "disallow correct, temperature 2": dict(disallow_correct=True, temperature=2.0),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_one_step_equals_the_pytorch_reference(torch, case):
+    config = ElectraConfig.from_json("electra_tiny").replace(
+        vocab_size=VOCAB, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP, mask_token_id=MASK,
+        hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=SEQ, **CASES[case])
+    pair = Pair(torch, config)
+    correct_samples = 0
+    for i, features in enumerate(batches(seed=len(case))):
+        r = pair.step(features)
+        out, ref = r["out"], r["ref"]
+        where = f"{case}, step {START_STEP + i}"
+        # The draws were the same: so are the samples and the replaced-token labels.
+        np.testing.assert_array_equal(out["sampled_ids"].numpy(), ref["sampled_ids"].numpy(), where)
+        labels = out["replaced_token_labels"].numpy()
+        np.testing.assert_array_equal(labels, ref["labels"].numpy(), where)
+        assert labels.sum() > 0
+        correct_samples += out["masked"].weights.numpy().sum() - labels.sum()
+        for name in ("loss", "mlm_loss", "disc_loss", "mlm_accuracy", "disc_accuracy"):
+            assert relative(out[name], ref[name].detach()) < TOLERANCE, (where, name)
+        total = np.sqrt(sum(np.sum(np.square(b, dtype=np.float64)) for _, b in r["gradients"]))
+        assert r["lr"] > 0
+        for k, (slot, _) in enumerate(pair.slots):
+            (g_ours, g_theirs), (w0_ours, w0_theirs), (w_ours, w_theirs) = (
+                r["gradients"][k], r["before"][k], r["after"][k])
+            if ZERO_GRADIENT.search(slot.name):
+                # Adding b to every key adds q.b to all of a query's scores: softmax ignores it, so
+                # this gradient is 0 but for rounding (~1e-12 against a norm of ~20), and so is the
+                # update it drives.
+                for g in (g_ours, g_theirs):
+                    assert np.linalg.norm(g) < 1e-9 * total, (where, slot.name)
+                assert np.abs(w_ours - w_theirs).max() < 1e-6 * r["lr"], (where, slot.name)
+                continue
+            assert relative(g_ours, g_theirs) < TOLERANCE, (where, "gradient", slot.name)
+            assert relative(w_ours, w_theirs) < TOLERANCE, (where, "weight", slot.name)
+            # The update itself, as the gradients: to 1e-5 of its norm, give or take two float32
+            # steps of each weight (it is measured as a difference of float32 weights).
+            update_ours, update_theirs = w_ours - w0_ours, w_theirs - w0_theirs
+            assert np.abs(update_theirs).max() > 0, (where, "not updated", slot.name)
+            slack = TOLERANCE * np.linalg.norm(update_theirs) + np.linalg.norm(
+                2 * np.spacing(np.abs(w_theirs)))
+            assert np.linalg.norm(update_ours - update_theirs) <= slack, (where, "update", slot.name)
+    # A sample equal to the original is labelled real on both sides (impossible when disallowed).
+    assert (correct_samples == 0) == config.disallow_correct, correct_samples
