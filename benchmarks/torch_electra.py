@@ -253,6 +253,7 @@ class AdamWeightDecay:
             weight_decay, beta_1, beta_2, epsilon)
         self.clip_norm = clip_norm
         self.step = step  # updates applied so far (the authors' global_step)
+        self.gradient_norm = None  # of the last step, before clipping
         self.m = {n: torch.zeros_like(p) for n, p in parameters.items()}
         self.v = {n: torch.zeros_like(p) for n, p in parameters.items()}
         self.decayed = {n: not any(re.search(x, n) for x in NO_DECAY) for n in parameters}
@@ -275,7 +276,7 @@ class AdamWeightDecay:
         import torch
 
         lr = learning_rate(self.step, self.peak_lr, self.total_steps, self.warmup_steps)
-        self.clip()
+        self.gradient_norm = self.clip()
         with torch.no_grad():
             for name, p in self.parameters.items():
                 if p.grad is None:
