@@ -2,9 +2,9 @@
 
 Both sides start from the same weights (copied across by the project's Hugging Face converter,
 `electra_tf.convert.hf.hf_tensors`), see the same batches and exactly the randomness electra_tf
-drew (masked positions, kept-original choices, Gumbel noise), with dropout off. Two optimizer
+drew (masked positions, kept-original choices, Gumbel noise), with dropout off. Three optimizer
 steps are taken, from a step inside the warmup (the first update of a run has learning rate 0):
-the first from zero Adam moments, the second from the moments the first left. At each step the
+the first from zero Adam moments, the others from the moments before them. At each step the
 generator and discriminator losses, every parameter's gradient, and every weight after the update
 (and the update itself) agree to 1e-5 relative. electra_tf's step is the binary's own: the
 optimizer and model from `training.pretraining._build` and the loop from `make_loop_fn`.
@@ -214,3 +214,34 @@ def test_one_step_equals_the_pytorch_reference(torch, case):
             assert np.linalg.norm(update_ours - update_theirs) <= slack, (where, "update", slot.name)
     # A sample equal to the original is labelled real on both sides (impossible when disallowed).
     assert (correct_samples == 0) == config.disallow_correct, correct_samples
+
+
+def measure() -> list[str]:
+    """Per case, the largest relative differences (the numbers README and BUILD.md quote)."""
+    import torch as torch_module
+
+    torch_module.set_num_threads(1)
+    lines = [f"{'case':34} {'losses':>9} {'gradients':>10} {'weights':>9}  (relative, worst of "
+             f"{len(batches(0))} steps; key biases apart)"]
+    for case in CASES:
+        config = ElectraConfig.from_json("electra_tiny").replace(
+            vocab_size=VOCAB, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP,
+            mask_token_id=MASK, hidden_dropout=0.0, attention_dropout=0.0,
+            max_position_embeddings=SEQ, **CASES[case])
+        pair = Pair(torch_module, config)
+        worst = {"losses": 0.0, "gradients": 0.0, "weights": 0.0}
+        for features in batches(seed=len(case)):
+            r = pair.step(features)
+            for name in ("loss", "mlm_loss", "disc_loss"):
+                worst["losses"] = max(worst["losses"], relative(r["out"][name], r["ref"][name].detach()))
+            for k, (slot, _) in enumerate(pair.slots):
+                if not ZERO_GRADIENT.search(slot.name):
+                    worst["gradients"] = max(worst["gradients"], relative(*r["gradients"][k]))
+                    worst["weights"] = max(worst["weights"], relative(*r["after"][k]))
+        lines.append(f"{case:34} {worst['losses']:9.1e} {worst['gradients']:10.1e} "
+                     f"{worst['weights']:9.1e}")
+    return lines
+
+
+if __name__ == "__main__":  # PYTHONPATH=. python tests/benchmarks/test_step_parity.py
+    print("\n".join(measure()))
