@@ -67,7 +67,8 @@ def run_dir(output_dir, side: str, seed: int) -> Path:
 def _recipe(args) -> dict:
     r = dict(RECIPE, overrides=tuple(RECIPE["overrides"]) + tuple(args.override or ()))
     r.update(steps=args.steps, warmup=max(1, int(args.steps * r["warmup_fraction"])),
-             interval=args.interval)
+             interval=args.interval, config=args.config or r["config"],
+             batch=args.train_batch_size or r["batch"], seq=args.max_seq_length or r["seq"])
     return r
 
 
@@ -149,6 +150,8 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
         rng.set_state(state["rng"])
         torch.set_rng_state(state["torch_rng"])
     step = opt.step
+    if step:
+        print(f"torch seed {seed}: resumed at step {step}", flush=True)
     # Intervals written after the checkpoint are redone.
     lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
     lines = [line for line in lines if json.loads(line)["step"] <= step]
@@ -257,6 +260,8 @@ def run(args) -> None:
                            f"--data={args.data}", f"--vocab_file={args.vocab_file}",
                            f"--output_dir={out}", f"--steps={args.steps}", f"--seed={seed}",
                            f"--interval={args.interval}", f"--threads={args.threads}",
+                           f"--config={recipe['config']}", f"--train_batch_size={recipe['batch']}",
+                           f"--max_seq_length={recipe['seq']}",
                            *[f"--override={o}" for o in args.override or ()]]
             env = dict(os.environ)
             if args.threads:  # TensorFlow's own variables: the binary has no thread flags
@@ -381,6 +386,9 @@ def parse(argv) -> argparse.Namespace:
                        "(0: all cores)")
         s.add_argument("--override", action="append", help="key=value of the model config, "
                        "after the recipe's")
+        s.add_argument("--config", default=None, help="model config (default: the demo's)")
+        s.add_argument("--train_batch_size", type=int, default=None, help="default: 32")
+        s.add_argument("--max_seq_length", type=int, default=None, help="the shards' (64)")
     s = sub.add_parser("report")
     s.add_argument("--output_dir", required=True)
     s.add_argument("--chart", default=None, help="PNG file for the chart")

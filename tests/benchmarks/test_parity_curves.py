@@ -1,0 +1,103 @@
+"""benchmarks/parity_curves.py on a tiny model: both sides train, a killed reference run resumes
+where its last interval ended, complete runs are skipped, and the report compares every interval.
+
+Needs torch and transformers (`pip install -e '.[anchors]'`); skipped without them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import parity_curves, torch_electra
+
+REPO = Path(__file__).resolve().parents[2]
+SEQ = 32
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    if torch_electra.available():
+        pytest.skip(f"the PyTorch reference cannot run: {torch_electra.available()}")
+    from electra_tf.data import corpus, pretraining_data, tokenizer
+
+    root = tmp_path_factory.mktemp("curves_data")
+    docs = list(itertools.islice(corpus.imdb_documents(), 60))
+    text = root / "corpus.txt"
+    text.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
+    vocab = root / "vocab.txt"
+    tokenizer.write_vocab(tokenizer.learn_vocab([line for d in docs for line in d], 400), str(vocab))
+    pretraining_data.build_pretraining_data(pretraining_data.BuildConfig(
+        inputs=[str(text)], vocab_file=str(vocab), output_dir=str(root / "shards"),
+        max_seq_length=SEQ, num_shards=2, num_processes=1, seed=0))
+    return str(root / "shards" / "pretrain_data.tfrecord-*"), str(vocab)
+
+
+def command(data, out, *extra) -> list[str]:
+    shards, vocab = data
+    return [sys.executable, "-m", "benchmarks.parity_curves", "run", f"--data={shards}",
+            f"--vocab_file={vocab}", f"--output_dir={out}", "--config=electra_tiny",
+            f"--max_seq_length={SEQ}", "--train_batch_size=4", "--steps=12", "--interval=2",
+            "--seeds=1", "--threads=1", *extra]
+
+
+def env():
+    return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+
+
+@pytest.mark.slow  # two tiny runs per side and a kill, ~70 s
+def test_both_sides_train_resume_and_compare(data, tmp_path):
+    out = tmp_path / "curves"
+    # The reference, killed (the tool and its worker) once its first interval is written: the
+    # rerun resumes from there.
+    process = subprocess.Popen(command(data, out, "--only=torch"), cwd=REPO, env=env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    seen = []
+    for line in process.stdout:
+        seen.append(line)
+        if "step 2/12" in line:
+            os.killpg(process.pid, signal.SIGKILL)
+            break
+    process.wait(timeout=60)
+    assert (out / "torch-seed0" / "checkpoint.pt").exists(), "".join(seen)[-3000:]
+    proc = subprocess.run(command(data, out), cwd=REPO, env=env(), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert "torch seed 0: resumed at step" in proc.stdout
+    steps = [json.loads(line)["step"]
+             for line in (out / "torch-seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(2, 13, 2))  # no interval twice, none missing
+    for side in parity_curves.SIDES:
+        curve = parity_curves.curve(out, side, 0)
+        assert sorted(curve) == list(range(2, 13, 2)), side
+        for metrics in curve.values():
+            assert 0.0 <= metrics["disc_auc"] <= 1.0 and metrics["mlm_loss"] > 0
+
+    # Complete runs are not trained again; another recipe in the same folder is refused.
+    again = subprocess.run(command(data, out), cwd=REPO, env=env(), capture_output=True, text=True,
+                           timeout=300)
+    assert again.returncode == 0 and again.stdout.count(": complete") == 2, again.stdout
+    other = subprocess.run(command(data, out, "--override=disc_weight=20"), cwd=REPO, env=env(),
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 1
+    assert other.stderr.strip().splitlines()[-1] == (
+        f"parity_curves: error: {out} holds runs of another recipe (differs in overrides): use "
+        "another --output_dir")
+
+    # The report: every interval and metric on both sides.
+    args = parity_curves.parse(["report", f"--output_dir={out}", "--markdown"])
+    text = parity_curves.report(args)
+    rows = [line.split("|")[1:3] for line in text.splitlines() if line[:3] in ("| 2", "| 4", "| 6",
+                                                                             "| 8", "| 1")]
+    assert sorted((int(step), metric.strip()) for step, metric in rows if step.strip().isdigit()) \
+        == sorted((step, m) for step in range(2, 13, 2) for m in parity_curves.METRICS), text
+    assert "intervals where electra_tf's mean lies in the reference's range (of 6)" in text
+    assert "last quarter (steps 10..12)" in text
