@@ -6,14 +6,11 @@ r"""Whole pretraining curves of electra_tf and of the PyTorch reference, K seeds
 
 `run` trains, for each seed 0..K-1, electra_tf (the `electra-pretrain` binary itself) and the
 PyTorch reference (`benchmarks/torch_electra.py`, this module's `torch` worker) from the same
-shards with the same recipe; both in fresh processes one after the other (never together: they
-would slow each other). Every run resumes where it stopped: rerun the same command after a kill
+shards with the same recipe, each in a fresh process. Every run resumes where it stopped: rerun the same command after a kill
 or a reboot, and runs already complete are skipped. `--only=electra_tf|torch` and `--seed=S`
-restrict it to some runs. On 2 cores the two sides run best side by side, one core each (about
-15% more steps per second than one after the other on two):
-
-  python -m benchmarks.parity_curves run ... --only=electra_tf --threads=1 &
-  python -m benchmarks.parity_curves run ... --only=torch --threads=1
+restrict it to some runs. `--workers=2 --threads=1` trains two runs at once, one core each: on 2
+cores about 15% more steps per second than one run on both. Each run's output goes to its
+folder's `log.txt`; the tool prints the steps done, the rate and the ETA every minute.
 
 The recipe defaults to the demo's (`electra_tf/demo.py`): `configs/electra_demo.json` with every
 weight tied (generator as wide as the discriminator), batch 32 x 64 tokens, peak lr 3e-4, warmup
@@ -31,7 +28,8 @@ the reference writes `metrics.jsonl`.
 `report` prints, per interval and metric, each side's mean and standard deviation over seeds and
 the reference's range (min..max over its seeds), and whether electra_tf's mean lies inside that
 range; then, per metric, the difference of the means over the last quarter of the steps with its
-standard error over seeds. `--chart` draws the four curves (mean and range band per side,
+standard error over seeds, and the same difference paired by seed (the runs of one seed read the
+same batches in the same order). `--chart` draws the four curves (mean and range band per side,
 matplotlib: the `plot` extra).
 """
 
@@ -42,6 +40,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -247,29 +246,103 @@ def run(args) -> None:
     recipe_file.write_text(json.dumps(mine, indent=1) + "\n")
     seeds = [args.seed] if args.seed is not None else range(args.seeds)
     sides = [args.only] if args.only else SIDES
+    pending = []
     for seed in seeds:
         for side in sides:
             if finished(out, side, seed, recipe["steps"]):
                 print(f"{side} seed {seed}: complete", flush=True)
-                continue
-            print(f"{side} seed {seed}: training to step {recipe['steps']} ...", flush=True)
-            if side == "electra_tf":
-                command = electra_tf_command(args, recipe, seed)
             else:
-                command = [sys.executable, "-m", "benchmarks.parity_curves", "torch_worker",
-                           f"--data={args.data}", f"--vocab_file={args.vocab_file}",
-                           f"--output_dir={out}", f"--steps={args.steps}", f"--seed={seed}",
-                           f"--interval={args.interval}", f"--threads={args.threads}",
-                           f"--config={recipe['config']}", f"--train_batch_size={recipe['batch']}",
-                           f"--max_seq_length={recipe['seq']}",
-                           *[f"--override={o}" for o in args.override or ()]]
-            env = dict(os.environ)
-            if args.threads:  # TensorFlow's own variables: the binary has no thread flags
-                env.update(TF_NUM_INTRAOP_THREADS=str(args.threads), TF_NUM_INTEROP_THREADS="1")
-            code = subprocess.call(command, cwd=REPO, env=env)
-            if code:
-                raise Failure(f"{side} seed {seed} ended with exit code {code}; rerun the same "
-                              "command to resume it")
+                pending.append((side, seed))
+    _train_all(args, recipe, pending)
+
+
+def _command(args, recipe: dict, side: str, seed: int) -> list[str]:
+    if side == "electra_tf":
+        return electra_tf_command(args, recipe, seed)
+    return [sys.executable, "-m", "benchmarks.parity_curves", "torch_worker", f"--data={args.data}",
+            f"--vocab_file={args.vocab_file}", f"--output_dir={args.output_dir}",
+            f"--steps={args.steps}", f"--seed={seed}", f"--interval={args.interval}",
+            f"--threads={args.threads}", f"--config={recipe['config']}",
+            f"--train_batch_size={recipe['batch']}", f"--max_seq_length={recipe['seq']}",
+            *[f"--override={o}" for o in args.override or ()]]
+
+
+_STEP_IN_LOG = re.compile(rb"step (\d+)/(\d+)")
+
+
+def _logged_step(log: Path) -> int:
+    """The last "step N/M" a run's log shows (both sides print them), 0 before the first."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - 20000))
+            found = _STEP_IN_LOG.findall(f.read())
+    except OSError:
+        return 0
+    return int(found[-1][0]) if found else 0
+
+
+def _saved_step(side: str, folder: Path) -> int:
+    """The step a run resumes from: its newest checkpoint (the reference saves at each interval)."""
+    if side == "torch":
+        return max(torch_curve(folder), default=0)
+    steps = [int(m.group(1)) for p in folder.glob("ckpt-*.index")
+             if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))]
+    return max(steps, default=0)
+
+
+def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
+    """Runs `pending` (side, seed) runs, `--workers` at a time, each in its own process with its
+    output in RUN_DIR/log.txt; prints the steps done, the rate and the ETA every minute."""
+    total = recipe["steps"]
+    env = dict(os.environ)
+    if args.threads:  # TensorFlow's own variables: the binary has no thread flags
+        env.update(TF_NUM_INTRAOP_THREADS=str(args.threads), TF_NUM_INTEROP_THREADS="1")
+    running: dict = {}  # Popen -> (side, seed, log, step at start)
+    failed = []
+    start, done_before, last_report = time.time(), 0, 0.0
+    try:
+        while pending or running:
+            while pending and len(running) < args.workers and not failed:
+                side, seed = pending.pop(0)
+                folder = run_dir(args.output_dir, side, seed)
+                folder.mkdir(parents=True, exist_ok=True)
+                log = folder / "log.txt"
+                first = _saved_step(side, folder)
+                print(f"{side} seed {seed}: training from step {first} to {total} (log: {log})",
+                      flush=True)
+                with open(log, "ab") as f:
+                    process = subprocess.Popen(_command(args, recipe, side, seed), cwd=REPO,
+                                               env=env, stdout=f, stderr=subprocess.STDOUT)
+                running[process] = (side, seed, log, first)
+            time.sleep(1)
+            for process in [p for p in running if p.poll() is not None]:
+                side, seed, log, first = running.pop(process)
+                done_before += max(0, _logged_step(log) - first)
+                if process.returncode:
+                    failed.append(f"{side} seed {seed} (exit code {process.returncode}, see {log})")
+                else:
+                    print(f"{side} seed {seed}: done", flush=True)
+            if time.time() - last_report >= args.report_seconds and running:
+                last_report = time.time()
+                steps = done_before + sum(max(0, _logged_step(log) - first)
+                                          for _, _, log, first in running.values())
+                left = sum(total - max(first, _logged_step(log))
+                           for _, _, log, first in running.values())
+                left += sum(total - _saved_step(side, run_dir(args.output_dir, side, seed))
+                            for side, seed in pending)
+                rate = steps / (time.time() - start)
+                eta = f"about {left / rate / 60:.0f} min left" if rate else "ETA after the first steps"
+                now = ", ".join(f"{side} seed {seed} at {_logged_step(log)}"
+                                for side, seed, log, _ in running.values())
+                print(f"{now}; {rate:.2f} steps/s in all, {eta}", flush=True)
+    except KeyboardInterrupt:
+        for process in running:  # electra-pretrain saves a checkpoint on SIGTERM
+            process.terminate()
+        for process in running:
+            process.wait()
+        raise
+    if failed:
+        raise Failure(f"{'; '.join(failed)}; rerun the same command to resume")
 
 
 def _summary(values: list[float]) -> tuple[float, float]:
@@ -331,9 +404,16 @@ def report(args) -> str:
                           for s in seeds[side]] for side in SIDES}
         (m1, s1), (m2, s2) = _summary(per_run["electra_tf"]), _summary(per_run["torch"])
         se = math.sqrt(s1 ** 2 / len(per_run["electra_tf"]) + s2 ** 2 / len(per_run["torch"]))
-        lines.append(f"  {metric}: electra_tf {m1:.4f} ± {s1:.4f}, torch {m2:.4f} ± {s2:.4f}, "
-                     f"difference {m1 - m2:+.4f} (standard error {se:.4f}"
-                     + (f", {abs(m1 - m2) / se:.1f} se)" if se else ")"))
+        line = (f"  {metric}: electra_tf {m1:.4f} ± {s1:.4f}, torch {m2:.4f} ± {s2:.4f}, "
+                f"difference {m1 - m2:+.4f} (standard error {se:.4f}"
+                + (f", {abs(m1 - m2) / se:.1f} se)" if se else ")"))
+        # Same seed, same input order: the paired differences remove the data's share of the noise.
+        paired = [statistics.fmean(curves["electra_tf"][s][t][metric] - curves["torch"][s][t][metric]
+                                   for t in tail) for s in seeds["electra_tf"] if s in seeds["torch"]]
+        if len(paired) > 1:
+            mean, sd = _summary(paired)
+            line += f"; paired by seed {mean:+.4f} ± {sd / math.sqrt(len(paired)):.4f} (se)"
+        lines.append(line)
     if args.chart:
         chart(curves, seeds, args.chart)
         lines.append(f"chart: {args.chart}")
@@ -382,8 +462,10 @@ def parse(argv) -> argparse.Namespace:
         s.add_argument("--seeds", type=int, default=3)
         s.add_argument("--seed", type=int, default=None, help="only this seed")
         s.add_argument("--only", choices=SIDES, default=None, help="only this side")
-        s.add_argument("--threads", type=int, default=0, help="threads of each side's process "
+        s.add_argument("--threads", type=int, default=0, help="threads of each run's process "
                        "(0: all cores)")
+        s.add_argument("--workers", type=int, default=1, help="runs trained at once")
+        s.add_argument("--report_seconds", type=float, default=60.0, help="progress line interval")
         s.add_argument("--override", action="append", help="key=value of the model config, "
                        "after the recipe's")
         s.add_argument("--config", default=None, help="model config (default: the demo's)")

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,22 +57,26 @@ def env():
 def test_both_sides_train_resume_and_compare(data, tmp_path):
     out = tmp_path / "curves"
     # The reference, killed (the tool and its worker) once its first interval is written: the
-    # rerun resumes from there.
+    # rerun (both sides at once) resumes it from there.
     process = subprocess.Popen(command(data, out, "--only=torch"), cwd=REPO, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    seen = []
-    for line in process.stdout:
-        seen.append(line)
-        if "step 2/12" in line:
-            os.killpg(process.pid, signal.SIGKILL)
-            break
+    log = out / "torch-seed0" / "log.txt"
+    deadline = time.time() + 300
+    while not (log.exists() and "step 2/12" in log.read_text()):
+        assert process.poll() is None and time.time() < deadline, process.stdout.read()[-3000:]
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
     process.wait(timeout=60)
-    assert (out / "torch-seed0" / "checkpoint.pt").exists(), "".join(seen)[-3000:]
-    proc = subprocess.run(command(data, out), cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=600)
+    assert (out / "torch-seed0" / "checkpoint.pt").exists()
+    saved = max(parity_curves.torch_curve(out / "torch-seed0"))  # 2, or later if the kill was late
+    assert 2 <= saved < 12
+    proc = subprocess.run(command(data, out, "--workers=2"), cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert "torch seed 0: resumed at step" in proc.stdout
+    assert f"torch seed 0: training from step {saved} to 12" in proc.stdout
+    assert f"torch seed 0: resumed at step {saved}" in log.read_text()
+    assert "electra_tf seed 0: done" in proc.stdout and "torch seed 0: done" in proc.stdout
     steps = [json.loads(line)["step"]
              for line in (out / "torch-seed0" / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(2, 13, 2))  # no interval twice, none missing
