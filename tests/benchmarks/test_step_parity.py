@@ -7,7 +7,8 @@ steps are taken, from a step inside the warmup (the first update of a run has le
 the first from zero Adam moments, the others from the moments before them. At each step the
 generator and discriminator losses, every parameter's gradient, and every weight after the update
 (and the update itself) agree to 1e-5 relative. electra_tf's step is the binary's own: the
-optimizer and model from `training.pretraining._build` and the loop from `make_loop_fn`.
+optimizer and model from `training.pretraining._build` and the loop from `make_loop_fn`. With
+dropout on, the step is compared in distribution (the last test).
 
 Needs torch and transformers (`pip install -e '.[anchors]'`); skipped with that hint without them.
 """
@@ -245,3 +246,67 @@ def measure() -> list[str]:
 
 if __name__ == "__main__":  # PYTHONPATH=. python tests/benchmarks/test_step_parity.py
     print("\n".join(measure()))
+
+
+@pytest.mark.slow  # 2 x 200 steps' gradients of the tiny model, ~40 s
+def test_with_dropout_on_the_step_agrees_in_distribution(torch):
+    """Dropout draws cannot be shared across the two libraries, so with dropout on (0.1, as
+    pretraining runs) the step is compared in distribution: the same batch, masks and Gumbel
+    noise, 200 dropout draws per side. The mean losses and the mean of every gradient element
+    agree within their standard errors (the z-scores of the differences are standard normal),
+    and so do the gradients' variances. A dropout missing, added or misplaced on either side
+    shifts both."""
+    config = ElectraConfig.from_json("electra_tiny").replace(
+        vocab_size=VOCAB, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP, mask_token_id=MASK,
+        max_position_embeddings=SEQ, embedding_sharing="all", generator_hidden_size=1.0)
+    assert config.hidden_dropout == config.attention_dropout == 0.1
+    pair = Pair(torch, config)
+    features = batches(seed=3)[0]
+    tensors = {k: tf.constant(v) for k, v in features.items()}
+    seed = tf.constant([11, 7], tf.int64)
+    model, variables = pair.model, pair.model.trainable_variables
+    batch = model.compute_objective(tensors, seed, training=False)["masked"]
+    uniform = tf.random.stateless_uniform(
+        [len(features["input_ids"]), batch.positions.shape[1], VOCAB], seed=sampling_seed(seed))
+    shown = tf.gather(batch.masked_input_ids, batch.positions, batch_dims=1) == MASK
+    draws = torch_electra.Draws(
+        torch.from_numpy(batch.positions.numpy().astype(np.int64)),
+        torch.from_numpy(batch.weights.numpy()), torch.from_numpy(shown.numpy()),
+        torch.from_numpy(uniform.numpy()))
+    t = {k: torch.from_numpy(v.astype(np.int64)) for k, v in features.items()}
+    index = {id(v): i for i, v in enumerate(variables)}
+
+    @tf.function
+    def ours():
+        with tf.GradientTape() as tape:
+            out = model.compute_objective(tensors, seed, training=True)
+        grads = tape.gradient(out["loss"], variables)
+        return out["mlm_loss"], out["disc_loss"], [tf.convert_to_tensor(g) for g in grads]
+
+    draws_count = 200
+    losses = {"ours": [], "theirs": []}
+    grads = {"ours": [], "theirs": []}
+    torch.manual_seed(0)
+    for _ in range(draws_count):
+        mlm, disc, g = ours()
+        losses["ours"].append((float(mlm), float(disc)))
+        grads["ours"].append(np.concatenate(
+            [pair.as_theirs(s, g[index[id(s.variable)]]).ravel() for s, _ in pair.slots]))
+        torch_electra.zero_grad(pair.ref)
+        ref = torch_electra.objective(pair.ref, config, t["input_ids"], t["input_mask"],
+                                      t["segment_ids"], draws)
+        ref["loss"].backward()
+        losses["theirs"].append((ref["mlm_loss"].item(), ref["disc_loss"].item()))
+        grads["theirs"].append(np.concatenate([p.grad.numpy().ravel() for _, p in pair.slots]))
+    a, b = np.array(losses["ours"]), np.array(losses["theirs"])
+    assert a.std(0).min() > 0 and b.std(0).min() > 0, "dropout is on: the losses vary"
+    se = np.sqrt(a.var(0) / draws_count + b.var(0) / draws_count)
+    assert np.all(np.abs(a.mean(0) - b.mean(0)) < 4 * se), (a.mean(0), b.mean(0), se)
+    ga, gb = np.array(grads["ours"]), np.array(grads["theirs"])
+    varying = (ga.var(0) > 0) & (gb.var(0) > 0)
+    assert varying.mean() > 0.9
+    z = (ga.mean(0) - gb.mean(0))[varying] / np.sqrt(
+        ga.var(0)[varying] / draws_count + gb.var(0)[varying] / draws_count)
+    assert abs(z.mean()) < 0.05 and 0.9 < z.std() < 1.1, (z.mean(), z.std())
+    ratio = np.median(ga.var(0)[varying] / gb.var(0)[varying])
+    assert 0.95 < ratio < 1.05, ratio
