@@ -25,6 +25,12 @@ accuracy, and the discriminator AUC over all the interval's weighted tokens
 (`keras.metrics.AUC(num_thresholds=200)` on both sides). electra_tf's come from its event files;
 the reference writes `metrics.jsonl`.
 
+Diagnostics, to find the cause of a gap: `--reference_draws=electra_tf` makes the reference mask
+and sample with exactly electra_tf's draws for that seed and step, `--reference_init=electra_tf`
+starts it from electra_tf's initial weights; with `--override=hidden_dropout=0
+--override=attention_dropout=0` as well, the two runs of a seed differ only by float rounding,
+so their curves should coincide for thousands of steps.
+
 `report` prints, per interval and metric, each side's mean and standard deviation over seeds and
 the reference's range (min..max over its seeds), and whether electra_tf's mean lies inside that
 range; then, per metric, the difference of the means over the last quarter of the steps with its
@@ -68,6 +74,8 @@ def _recipe(args) -> dict:
     r.update(steps=args.steps, warmup=max(1, int(args.steps * r["warmup_fraction"])),
              interval=args.interval, config=args.config or r["config"],
              batch=args.train_batch_size or r["batch"], seq=args.max_seq_length or r["seq"])
+    if args.reference_draws != "authors" or args.reference_init != "authors":
+        r.update(reference_draws=args.reference_draws, reference_init=args.reference_init)
     return r
 
 
@@ -134,6 +142,8 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
     config = model_config(args.vocab_file, recipe)
     torch.manual_seed(seed)
     nets = torch_electra.build_networks(config)
+    if args.reference_init == "electra_tf":
+        _copy_electra_tf_init(nets, config, seed)
     opt = torch_electra.AdamWeightDecay(
         nets.parameters, peak_lr=recipe["learning_rate"], total_steps=recipe["steps"],
         warmup_steps=recipe["warmup"], weight_decay=recipe["weight_decay"],
@@ -167,7 +177,10 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
         features = next(batches)
         ids, mask, segments = (torch.from_numpy(features[k].numpy().astype(np.int64))
                                for k in ("input_ids", "input_mask", "segment_ids"))
-        draws = torch_electra.draw(config, ids, mask, rng)
+        if args.reference_draws == "electra_tf":
+            draws = _electra_tf_draws(config, features, seed, step)
+        else:
+            draws = torch_electra.draw(config, ids, mask, rng)
         out = torch_electra.objective(nets, config, ids, mask, segments, draws)
         torch_electra.zero_grad(nets)
         out["loss"].backward()
@@ -198,6 +211,47 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
             count = 0
             auc.reset_state()
     (folder / "done").write_text(f"{step}\n")
+
+
+def _copy_electra_tf_init(nets, config, seed: int) -> None:
+    """The reference starts from the weights electra-pretrain --seed=SEED starts from (built as
+    `training.pretraining` builds them), copied by the Hugging Face converter (a diagnostic:
+    `--reference_init=electra_tf`)."""
+    import keras
+    import torch
+
+    from electra_tf.convert.hf import hf_tensors
+    from electra_tf.models.pretrainer import ElectraPretrainer
+
+    keras.utils.set_random_seed(seed)
+    model = ElectraPretrainer(config, seed=seed)
+    for ours, theirs in ((model.generator, nets.generator), (model.discriminator, nets.discriminator)):
+        tensors, _, _ = hf_tensors(ours)
+        theirs.load_state_dict({k: torch.from_numpy(v) for k, v in tensors.items()}, strict=False)
+
+
+def _electra_tf_draws(config, features, seed: int, step: int):
+    """The masks and Gumbel uniforms electra_tf draws at this step of run SEED (a diagnostic:
+    `--reference_draws=electra_tf`; the masking of `ElectraPretrainer._mask` and the noise of
+    `masking.sample_replacements` under one device)."""
+    import tensorflow as tf
+    import torch
+
+    from benchmarks import torch_electra
+    from electra_tf.models import masking
+
+    ids = features["input_ids"]
+    step_seed = tf.constant([seed, step], tf.int64)
+    n = config.num_masked_slots(ids.shape[1])
+    batch = masking.mask_tokens(
+        ids, features["input_mask"], step_seed, mask_prob=config.mask_prob, num_slots=n,
+        mask_token_id=config.mask_token_id,
+        special_ids=(config.cls_token_id, config.sep_token_id, config.mask_token_id))
+    uniform = tf.random.stateless_uniform([ids.shape[0], n, config.vocab_size], seed=step_seed)
+    shown = tf.gather(batch.masked_input_ids, batch.positions, batch_dims=1) == config.mask_token_id
+    return torch_electra.Draws(torch.from_numpy(batch.positions.numpy().astype("int64")),
+                               torch.from_numpy(batch.weights.numpy()),
+                               torch.from_numpy(shown.numpy()), torch.from_numpy(uniform.numpy()))
 
 
 def torch_curve(folder: Path) -> dict[int, dict]:
@@ -264,6 +318,7 @@ def _command(args, recipe: dict, side: str, seed: int) -> list[str]:
             f"--steps={args.steps}", f"--seed={seed}", f"--interval={args.interval}",
             f"--threads={args.threads}", f"--config={recipe['config']}",
             f"--train_batch_size={recipe['batch']}", f"--max_seq_length={recipe['seq']}",
+            f"--reference_draws={args.reference_draws}", f"--reference_init={args.reference_init}",
             *[f"--override={o}" for o in args.override or ()]]
 
 
@@ -471,6 +526,10 @@ def parse(argv) -> argparse.Namespace:
         s.add_argument("--config", default=None, help="model config (default: the demo's)")
         s.add_argument("--train_batch_size", type=int, default=None, help="default: 32")
         s.add_argument("--max_seq_length", type=int, default=None, help="the shards' (64)")
+        s.add_argument("--reference_draws", choices=("authors", "electra_tf"), default="authors",
+                       help="diagnostic: the reference masks and samples with electra_tf's draws")
+        s.add_argument("--reference_init", choices=("authors", "electra_tf"), default="authors",
+                       help="diagnostic: the reference starts from electra_tf's initial weights")
     s = sub.add_parser("report")
     s.add_argument("--output_dir", required=True)
     s.add_argument("--chart", default=None, help="PNG file for the chart")

@@ -106,3 +106,26 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
         == sorted((step, m) for step in range(2, 13, 2) for m in parity_curves.METRICS), text
     assert "intervals where electra_tf's mean lies in the reference's range (of 6)" in text
     assert "last quarter (steps 10..12)" in text
+
+
+@pytest.mark.slow  # one tiny run per side, ~40 s
+def test_with_electra_tfs_draws_and_weights_and_no_dropout_the_curves_coincide(data, tmp_path):
+    """The diagnostic settings leave the two sides nothing to differ by but float rounding: the
+    same data, initial weights, masks and Gumbel noise, no dropout. Over 12 steps the per-interval
+    metrics of the binary and of the reference then agree closely: many steps of the same
+    training, beyond the single steps of test_step_parity."""
+    out = tmp_path / "curves"
+    proc = subprocess.run(
+        command(data, out, "--workers=2", "--reference_draws=electra_tf",
+                "--reference_init=electra_tf", "--override=hidden_dropout=0",
+                "--override=attention_dropout=0"),
+        cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    ours, theirs = (parity_curves.curve(out, side, 0) for side in parity_curves.SIDES)
+    assert sorted(ours) == sorted(theirs) == list(range(2, 13, 2))
+    for step in ours:
+        for metric in ("mlm_loss", "disc_loss"):
+            a, b = ours[step][metric], theirs[step][metric]
+            assert abs(a - b) <= 1e-5 * abs(b), (step, metric, a, b)
+        for metric in ("disc_auc", "mlm_accuracy"):  # counts: equal but for a rare tie
+            assert abs(ours[step][metric] - theirs[step][metric]) <= 1e-3, (step, metric)
