@@ -47,6 +47,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -150,6 +151,7 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
         beta_2=recipe["beta_2"], clip_norm=recipe["clip_norm"])
     rng = torch.Generator().manual_seed(10_000 + seed)
     checkpoint, metrics_file = folder / "checkpoint.pt", folder / "metrics.jsonl"
+    state = {}
     if checkpoint.exists():
         state = torch.load(checkpoint, weights_only=False)
         with torch.no_grad():
@@ -173,7 +175,29 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
     sums = {name: 0.0 for name in ("loss", "mlm_loss", "mlm_accuracy", "disc_loss",
                                    "disc_accuracy", "sampled_accuracy", "gradient_norm")}
     count, start, start_step = 0, time.time(), step
+    if "interval" in state:  # stopped mid-interval: its partial sums
+        sums, count = dict(state["interval"]["sums"]), state["interval"]["count"]
+        for variable, value in zip(auc.variables, state["interval"]["auc"]):
+            variable.assign(value)
+
+    def save():
+        state = {"parameters": {n: p.detach().clone() for n, p in nets.parameters.items()},
+                 "optimizer": opt.state_dict(), "rng": rng.get_state(),
+                 "torch_rng": torch.get_rng_state(),
+                 "interval": {"sums": dict(sums), "count": count,
+                              "auc": [v.numpy() for v in auc.variables]}}
+        torch.save(state, str(checkpoint) + ".tmp")
+        os.replace(str(checkpoint) + ".tmp", checkpoint)
+        (folder / "checkpoint_step").write_text(f"{opt.step}\n")  # for the tool's progress line
+
+    stop = []  # SIGTERM or Ctrl-C: save where it is (mid-interval too) and end
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.append(True))
     while step < recipe["steps"]:
+        if stop:
+            save()
+            print(f"torch seed {seed}: stopped at step {step}; rerun to resume", flush=True)
+            return
         features = next(batches)
         ids, mask, segments = (torch.from_numpy(features[k].numpy().astype(np.int64))
                                for k in ("input_ids", "input_mask", "segment_ids"))
@@ -197,19 +221,15 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
                       "disc_auc": float(auc.result())}
             with open(metrics_file, "a") as f:
                 f.write(json.dumps(record) + "\n")
-            state = {"parameters": {n: p.detach().clone() for n, p in nets.parameters.items()},
-                     "optimizer": opt.state_dict(), "rng": rng.get_state(),
-                     "torch_rng": torch.get_rng_state()}
-            torch.save(state, str(checkpoint) + ".tmp")
-            os.replace(str(checkpoint) + ".tmp", checkpoint)
+            sums = dict.fromkeys(sums, 0.0)
+            count = 0
+            auc.reset_state()
+            save()
             rate = (step - start_step) / (time.time() - start)
             eta = (recipe["steps"] - step) / rate if rate else float("inf")
             print(f"torch seed {seed}: step {step}/{recipe['steps']}, {rate:.2f} steps/s, "
                   f"ETA {eta / 60:.0f} min, mlm_loss {record['mlm_loss']:.3f}, disc_loss "
                   f"{record['disc_loss']:.4f}, disc_auc {record['disc_auc']:.3f}", flush=True)
-            sums = dict.fromkeys(sums, 0.0)
-            count = 0
-            auc.reset_state()
     (folder / "done").write_text(f"{step}\n")
 
 
@@ -339,7 +359,10 @@ def _logged_step(log: Path) -> int:
 def _saved_step(side: str, folder: Path) -> int:
     """The step a run resumes from: its newest checkpoint (the reference saves at each interval)."""
     if side == "torch":
-        return max(torch_curve(folder), default=0)
+        try:
+            return int((folder / "checkpoint_step").read_text())
+        except (OSError, ValueError):
+            return max(torch_curve(folder), default=0)
     steps = [int(m.group(1)) for p in folder.glob("ckpt-*.index")
              if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))]
     return max(steps, default=0)
@@ -375,8 +398,10 @@ def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
                 done_before += max(0, _logged_step(log) - first)
                 if process.returncode:
                     failed.append(f"{side} seed {seed} (exit code {process.returncode}, see {log})")
-                else:
+                elif finished(args.output_dir, side, seed, total):
                     print(f"{side} seed {seed}: done", flush=True)
+                else:  # stopped by a SIGTERM of its own (each saves where it stopped)
+                    failed.append(f"{side} seed {seed} stopped at step {_logged_step(log)}")
             if time.time() - last_report >= args.report_seconds and running:
                 last_report = time.time()
                 steps = done_before + sum(max(0, _logged_step(log) - first)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,8 +57,9 @@ def env():
 @pytest.mark.slow  # two tiny runs per side and a kill, ~70 s
 def test_both_sides_train_resume_and_compare(data, tmp_path):
     out = tmp_path / "curves"
-    # The reference, killed (the tool and its worker) once its first interval is written: the
-    # rerun (both sides at once) resumes it from there.
+    # The reference, stopped (SIGTERM to the tool and its worker) once its first interval is
+    # written: it saves where it is, mid-interval too, and the rerun (both sides at once) resumes
+    # it there, the interval's partial sums included.
     process = subprocess.Popen(command(data, out, "--only=torch"), cwd=REPO, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
@@ -66,16 +68,19 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
     while not (log.exists() and "step 2/12" in log.read_text()):
         assert process.poll() is None and time.time() < deadline, process.stdout.read()[-3000:]
         time.sleep(0.01)
-    os.killpg(process.pid, signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=60)
-    assert (out / "torch-seed0" / "checkpoint.pt").exists()
-    saved = max(parity_curves.torch_curve(out / "torch-seed0"))  # 2, or later if the kill was late
+    deadline = time.time() + 60
+    while "stopped at step" not in log.read_text():  # the worker outlives the tool briefly
+        assert time.time() < deadline, log.read_text()[-3000:]
+        time.sleep(0.1)
+    saved = int(re.search(r"stopped at step (\d+)", log.read_text()).group(1))
     assert 2 <= saved < 12
     proc = subprocess.run(command(data, out, "--workers=2"), cwd=REPO, env=env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    assert f"torch seed 0: training from step {saved} to 12" in proc.stdout
     assert f"torch seed 0: resumed at step {saved}" in log.read_text()
+    assert f"torch seed 0: training from step {saved} to 12" in proc.stdout
     assert "electra_tf seed 0: done" in proc.stdout and "torch seed 0: done" in proc.stdout
     steps = [json.loads(line)["step"]
              for line in (out / "torch-seed0" / "metrics.jsonl").read_text().splitlines()]
