@@ -3,6 +3,7 @@ r"""Whole pretraining curves of electra_tf and of the PyTorch reference, K seeds
   python -m benchmarks.parity_curves run --data='DIR/pretrain_data.tfrecord-*' \
       --vocab_file=DIR/../vocab.txt --output_dir=OUT [--steps=12000] [--seeds=3] [--interval=400]
   python -m benchmarks.parity_curves report --output_dir=OUT [--chart=FILE.png] [--markdown]
+  python -m benchmarks.parity_curves evaluate --output_dir=OUT --eval_data='HELD_OUT/*' 
 
 `run` trains, for each seed 0..K-1, electra_tf (the `electra-pretrain` binary itself) and the
 PyTorch reference (`benchmarks/torch_electra.py`, this module's `torch` worker) from the same
@@ -30,6 +31,11 @@ and sample with exactly electra_tf's draws for that seed and step, `--reference_
 starts it from electra_tf's initial weights; with `--override=hidden_dropout=0
 --override=attention_dropout=0` as well, the two runs of a seed differ only by float rounding,
 so their curves should coincide for thousands of steps.
+
+`evaluate --eval_data=GLOB` scores every run's latest model on held-out shards with one piece of
+code (electra_tf's objective, dropout off; the reference's weights cross through the Hugging Face
+converter), on the same batches with the same masks and noise for every model, and prints the
+four metrics per run and per side (with the difference paired by seed).
 
 `report` prints, per interval and metric, each side's mean and standard deviation over seeds and
 the reference's range (min..max over its seeds), and whether electra_tf's mean lies inside that
@@ -425,6 +431,96 @@ def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
         raise Failure(f"{'; '.join(failed)}; rerun the same command to resume")
 
 
+# --- held-out text: both sides' latest models, evaluated by one piece of code -------------------
+def _pretrainer_of(output_dir, side: str, seed: int, config):
+    """(electra_tf ElectraPretrainer with the run's latest weights, its step), or None. The
+    reference's weights cross through the Hugging Face converter (`convert.hf.load_hf`)."""
+    import numpy as np
+
+    from electra_tf.models.pretrainer import ElectraPretrainer
+
+    folder = run_dir(output_dir, side, seed)
+    step = _saved_step(side, folder)
+    if not step:
+        return None
+    model = ElectraPretrainer(config, seed=seed)
+    if side == "electra_tf":
+        from electra_tf.training import pretraining
+
+        pretraining.model_checkpoint(model).restore(str(folder / f"ckpt-{step}")).expect_partial()
+        return model, step
+    import torch
+
+    from benchmarks import torch_electra
+    from electra_tf.convert.hf import load_hf
+
+    state = torch.load(folder / "checkpoint.pt", weights_only=False)
+    nets = torch_electra.build_networks(config)
+    with torch.no_grad():
+        for name, p in nets.parameters.items():
+            p.copy_(state["parameters"][name])
+    for ours, theirs in ((model.generator, nets.generator), (model.discriminator, nets.discriminator)):
+        load_hf(ours, {k: np.asarray(v.detach().numpy()) for k, v in theirs.state_dict().items()},
+                source=f"{folder}")
+    return model, int(state["optimizer"]["step"])
+
+
+def evaluate(args) -> str:
+    """Every run's latest model on `--eval_data`: the same batches, masks and Gumbel noise for
+    every model (seeded by the batch index), dropout off; metrics as the curves'."""
+    import keras
+    import tensorflow as tf
+
+    from electra_tf.data import pipeline
+
+    recipe_file = Path(args.output_dir) / "recipe.json"
+    if not recipe_file.exists():
+        raise Failure(f"{args.output_dir}: no recipe.json (not a folder `run` wrote)")
+    recipe = json.loads(recipe_file.read_text())
+    if not glob.glob(args.eval_data):
+        raise Failure(f"--eval_data: no file matches {args.eval_data}")
+    config = model_config(recipe["vocab_file"], recipe)
+    data = pipeline.pretraining_dataset(args.eval_data, recipe["batch"], recipe["seq"],
+                                        is_training=False).take(args.eval_batches)
+    batches = list(data)
+    results = {side: {} for side in SIDES}
+    for folder in sorted(Path(args.output_dir).glob("*-seed*")):
+        side, seed = folder.name.rsplit("-seed", 1)
+        loaded = _pretrainer_of(args.output_dir, side, int(seed), config) if side in results else None
+        if loaded is None:
+            continue
+        model, step = loaded
+        compute = tf.function(lambda f, s: model.compute_objective(f, s, training=False))
+        auc = keras.metrics.AUC(num_thresholds=200)
+        sums = dict.fromkeys(("mlm_loss", "mlm_accuracy", "disc_loss"), 0.0)
+        for i, features in enumerate(batches):
+            out = compute(features, tf.constant([20_261_128, i], tf.int64))
+            for name in sums:
+                sums[name] += float(out[name])
+            auc.update_state(out["replaced_token_labels"], tf.sigmoid(out["rtd_logits"]),
+                             sample_weight=out["disc_weights"])
+        results[side][int(seed)] = dict(step=step, disc_auc=float(auc.result()),
+                                        **{k: v / len(batches) for k, v in sums.items()})
+    if not results["electra_tf"] or not results["torch"]:
+        raise Failure(f"{args.output_dir}: need a saved model of each side")
+    lines = [f"held-out: {len(batches)} batches of {args.eval_data}, the latest model of each run", ""]
+    for side in SIDES:
+        for seed, r in sorted(results[side].items()):
+            lines.append(f"  {side} seed {seed} (step {r['step']}): " + ", ".join(
+                f"{m} {r[m]:.4f}" for m in METRICS))
+    lines.append("")
+    for metric in METRICS:
+        (m1, s1), (m2, s2) = (_summary([r[metric] for r in results[side].values()]) for side in SIDES)
+        paired = [results["electra_tf"][s][metric] - results["torch"][s][metric]
+                  for s in results["electra_tf"] if s in results["torch"]]
+        line = f"{metric}: electra_tf {m1:.4f} ± {s1:.4f}, torch {m2:.4f} ± {s2:.4f}"
+        if len(paired) > 1:
+            mean, sd = _summary(paired)
+            line += f"; paired by seed {mean:+.4f} ± {sd / math.sqrt(len(paired)):.4f} (se)"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _summary(values: list[float]) -> tuple[float, float]:
     mean = statistics.fmean(values)
     return mean, (statistics.stdev(values) if len(values) > 1 else 0.0)
@@ -555,6 +651,10 @@ def parse(argv) -> argparse.Namespace:
                        help="diagnostic: the reference masks and samples with electra_tf's draws")
         s.add_argument("--reference_init", choices=("authors", "electra_tf"), default="authors",
                        help="diagnostic: the reference starts from electra_tf's initial weights")
+    s = sub.add_parser("evaluate")
+    s.add_argument("--output_dir", required=True)
+    s.add_argument("--eval_data", required=True, help="glob of held-out shards (the recipe's length)")
+    s.add_argument("--eval_batches", type=int, default=50)
     s = sub.add_parser("report")
     s.add_argument("--output_dir", required=True)
     s.add_argument("--chart", default=None, help="PNG file for the chart")
@@ -569,6 +669,8 @@ def main(argv=None) -> int:
             run(args)
         elif args.command == "torch_worker":
             torch_worker(args, _recipe(args), args.seed)
+        elif args.command == "evaluate":
+            print(evaluate(args))
         else:
             print(report(args))
     except Failure as e:

@@ -134,3 +134,15 @@ def test_with_electra_tfs_draws_and_weights_and_no_dropout_the_curves_coincide(d
             assert abs(a - b) <= 1e-5 * abs(b), (step, metric, a, b)
         for metric in ("disc_auc", "mlm_accuracy"):  # counts: equal but for a rare tie
             assert abs(ours[step][metric] - theirs[step][metric]) <= 1e-3, (step, metric)
+
+    # Held-out evaluation: the two final models are the same but for rounding, and the
+    # reference's reaches the evaluation through the converter: the scores agree.
+    args = parity_curves.parse(["evaluate", f"--output_dir={out}", f"--eval_data={data[0]}",
+                                "--eval_batches=3"])
+    text = parity_curves.evaluate(args)
+    scores = {side: dict(re.findall(r"(\w+) (\d\.\d{4})", line.split(":", 1)[1]))
+              for side in parity_curves.SIDES for line in text.splitlines()
+              if line.startswith(f"  {side} seed 0 (step 12)")}
+    assert set(scores) == set(parity_curves.SIDES), text
+    for metric in parity_curves.METRICS:
+        assert abs(float(scores["electra_tf"][metric]) - float(scores["torch"][metric])) <= 2e-4, text
