@@ -60,6 +60,8 @@ import sys
 import time
 from pathlib import Path
 
+from electra_tf import files
+
 SIDES = ("electra_tf", "torch")
 METRICS = ("disc_auc", "disc_loss", "mlm_accuracy", "mlm_loss")
 RECIPE = dict(config="electra_demo", overrides=("generator_hidden_size=1.0", "embedding_sharing=all"),
@@ -172,7 +174,7 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
     # Intervals written after the checkpoint are redone.
     lines = metrics_file.read_text().splitlines() if metrics_file.exists() else []
     lines = [line for line in lines if json.loads(line)["step"] <= step]
-    metrics_file.write_text("".join(line + "\n" for line in lines))
+    files.write_text(metrics_file, "".join(line + "\n" for line in lines))
 
     data = pipeline.dataset_fn(args.data, recipe["batch"], recipe["seq"], seed=seed,
                                start_step=step)(tf.distribute.InputContext())
@@ -194,7 +196,7 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
                               "auc": [v.numpy() for v in auc.variables]}}
         torch.save(state, str(checkpoint) + ".tmp")
         os.replace(str(checkpoint) + ".tmp", checkpoint)
-        (folder / "checkpoint_step").write_text(f"{opt.step}\n")  # for the tool's progress line
+        files.write_text(folder / "checkpoint_step", f"{opt.step}\n")  # for the progress line
 
     stop = []  # SIGTERM or Ctrl-C: save where it is (mid-interval too) and end
     for signum in (signal.SIGTERM, signal.SIGINT):

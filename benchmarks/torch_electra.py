@@ -48,11 +48,13 @@ import math
 import re
 from typing import NamedTuple
 
+# Our config -> transformers.ElectraConfig: one mapping, the benchmark row's.
+from electra_tf.tools.torch_reference import hf_config
+
 INSTALL_HINT = "pip install -e '.[anchors]'"
 KEEP_ORIGINAL_PROB = 0.15
 # `model/optimization.py`: names holding one of these are not decayed.
 NO_DECAY = ("LayerNorm", "layer_norm", "bias")
-_ACT_TO_HF = {"gelu": "gelu", "gelu_approximate": "gelu_new", "relu": "relu"}
 OBJECTIVES = ("electra", "electra_15")
 
 
@@ -64,20 +66,6 @@ def available() -> str | None:
     except ImportError as e:
         return f"{e}: {INSTALL_HINT}"
     return None
-
-
-def hf_config(c, **overrides):
-    """`transformers.ElectraConfig` with the sizes of an electra_tf `ElectraConfig` `c`."""
-    import transformers
-
-    return transformers.ElectraConfig(
-        vocab_size=c.vocab_size, embedding_size=c.embedding_size, hidden_size=c.hidden_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-        intermediate_size=c.intermediate_size, hidden_act=_ACT_TO_HF[c.hidden_act],
-        hidden_dropout_prob=c.hidden_dropout, attention_probs_dropout_prob=c.attention_dropout,
-        max_position_embeddings=c.max_position_embeddings, type_vocab_size=c.type_vocab_size,
-        initializer_range=c.initializer_range, layer_norm_eps=c.layer_norm_epsilon,
-        pad_token_id=None, **overrides)
 
 
 def authors_init(module, stddev: float) -> None:
