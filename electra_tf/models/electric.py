@@ -34,14 +34,9 @@ import tensorflow as tf
 from electra_tf.models import masking
 from electra_tf.models.encoder import ElectraBackbone, Embeddings, as_electra_config, register
 from electra_tf.models.generator import MaskedLMHead, gather_positions
-from electra_tf.models.pretrainer import global_sum, mlm_loss_terms, sampling_seed, weighted_mean
-
-# `ElectraPretrainer`'s metrics for objective "electric". As the authors' eval metrics, mlm_loss /
-# mlm_accuracy are the cloze model's at the masked positions only; cloze_loss (what is trained)
-# and cloze_accuracy cover every candidate position.
-METRIC_NAMES = ("mlm_loss", "mlm_accuracy", "sampled_accuracy", "cloze_loss", "cloze_accuracy",
-                "disc_loss", "disc_accuracy")
-
+from electra_tf.models.objective_terms import (
+    GENERATOR_METRICS, Objective, choose_masks, global_sum, int_features, mlm_loss_terms,
+    sampling_seed, weighted_mean)
 
 def directional_attention_mask(input_mask, direction: str):
     """[batch, seq] padding mask -> [batch, seq (query), seq (key)] for one tower.
@@ -155,80 +150,91 @@ def _local_totals(batch, input_mask, candidates):
                      tf.reduce_sum(tf.cast(candidates, tf.float32))])
 
 
-def loss_totals(pretrainer, features, seed):
-    """`ElectraPretrainer.loss_totals` for Electric: the global counts [3] (masked slots, real
-    tokens, cloze candidates) the losses of `features` are normalised by; one all-reduce."""
-    c = pretrainer.config
-    input_ids = tf.cast(features["input_ids"], tf.int32)
-    input_mask = tf.cast(features["input_mask"], tf.int32)
-    batch = pretrainer._mask(input_ids, input_mask, tf.cast(seed, tf.int64))
-    return global_sum(_local_totals(batch, input_mask, candidate_mask(input_ids, input_mask, c)))
+class Electric(Objective):
+    """Electric's objective (the rules are the module docstring's).
 
-
-def electric_objective(pretrainer, features, seed, training=True, *, totals=None,
-                       micro_batch=None) -> dict:
-    """Electric's loss for one replica's batch: `ElectraPretrainer.compute_objective` for
-    objective "electric" (same arguments and outputs; the rules are the module docstring's).
-
-    Besides the loss terms, returns `cloze_logits`, `energy` (the discriminator head's raw
-    output), `log_q` (the generator's log-probability of the token present, without gradient),
-    `rtd_logits` (the NCE logit of "fake"), `replaced_token_labels`, `disc_weights`,
+    Besides the loss terms, `compute` returns `cloze_logits`, `energy` (the discriminator head's
+    raw output), `log_q` (the generator's log-probability of the token present, without
+    gradient), `rtd_logits` (the NCE logit of "fake"), `replaced_token_labels`, `disc_weights`,
     `sampled_ids`, `disc_input_ids` and `candidates`.
+
+    As the authors' eval metrics, mlm_loss / mlm_accuracy are the cloze model's at the masked
+    positions only; cloze_loss (what is trained) and cloze_accuracy cover every candidate position.
     """
-    c = pretrainer.config
-    input_ids = tf.cast(features["input_ids"], tf.int32)
-    input_mask = tf.cast(features["input_mask"], tf.int32)
-    segment_ids = tf.cast(features.get("segment_ids", tf.zeros_like(input_ids)), tf.int32)
-    seed = tf.cast(seed, tf.int64)
 
-    batch = pretrainer._mask(input_ids, input_mask, seed)  # positions chosen as for ELECTRA
-    candidates = candidate_mask(input_ids, input_mask, c)
-    if totals is None:  # every global count of the step in ONE all-reduce (`weighted_mean`)
-        totals = global_sum(_local_totals(batch, input_mask, candidates))
-    slot_total, token_total, candidate_total = tf.unstack(totals)
+    name = "electric"
+    rtd_head = True
+    detection_metrics = True
+    metric_names = GENERATOR_METRICS + ("cloze_loss", "cloze_accuracy", "disc_loss",
+                                        "disc_accuracy")
 
-    # --- the generator: a cloze model over the unmasked input ---
-    gen = pretrainer.generator(
-        {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
-        training=training)
-    log_q_all = tf.nn.log_softmax(gen["cloze_logits"])  # [batch, seq, vocab]
-    cloze_log_probs = tf.gather(log_q_all, input_ids, batch_dims=2)  # [batch, seq]
-    cloze_loss = weighted_mean(-cloze_log_probs, candidates, candidate_total)
-    cloze_correct = tf.cast(tf.equal(tf.argmax(gen["cloze_logits"], -1, output_type=tf.int32),
-                                     input_ids), tf.float32)
+    def build_generator(self, config, embeddings, discriminator, dtype):
+        shared = embeddings if config.embedding_sharing == "embeddings" else None
+        return TwoTowerClozeGenerator(config.generator_config(), embeddings=shared, dtype=dtype)
 
-    # --- noise: samples at the masked positions, every one of them labelled fake ---
-    masked_logits = gather_positions(gen["cloze_logits"], batch.positions)  # [batch, n, vocab]
-    mlm_loss, mlm_correct = mlm_loss_terms(masked_logits, batch.masked_ids, batch.weights,
-                                           slot_total)
-    replica_seed = sampling_seed(seed, micro_batch)
-    sampled = masking.sample_replacements(
-        masked_logits, replica_seed, temperature=c.temperature,
-        disallow_ids=batch.masked_ids if c.disallow_correct else None)
-    disc_input_ids, _ = masking.replace_tokens(input_ids, sampled, batch)
-    labels = tf.cast(batch.is_masked, tf.int32)  # NCE: a noise sample is fake even if correct
-    sampled_correct = tf.cast(tf.equal(sampled, batch.masked_ids), tf.float32)
+    def loss_totals(self, model, features, seed):
+        """Three global counts: masked slots, real tokens, cloze candidates; one all-reduce."""
+        input_ids = tf.cast(features["input_ids"], tf.int32)
+        input_mask = tf.cast(features["input_mask"], tf.int32)
+        batch = choose_masks(model.config, input_ids, input_mask, tf.cast(seed, tf.int64))
+        return global_sum(_local_totals(batch, input_mask,
+                                        candidate_mask(input_ids, input_mask, model.config)))
 
-    # --- the discriminator: energy + log q(token present) + log(p / (1 - p)) ---
-    disc = pretrainer.discriminator(
-        {"input_ids": disc_input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
-        training=training)
-    energy = disc["rtd_logits"]  # [batch, seq]
-    log_q = tf.stop_gradient(tf.gather(log_q_all, disc_input_ids, batch_dims=2))
-    logits = energy + log_q + noise_log_ratio(c.mask_prob)
-    labels_f = tf.cast(labels, tf.float32)
-    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels_f, logits=logits)
-    disc_loss = weighted_mean(losses, input_mask, token_total)
-    disc_correct = tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), labels_f), tf.float32)
+    def compute(self, model, features, seed, training=True, *, totals=None, micro_batch=None):
+        c = model.config
+        input_ids, input_mask, segment_ids = int_features(features)
+        seed = tf.cast(seed, tf.int64)
 
-    return {
-        "masked": batch, "loss": c.gen_weight * cloze_loss + c.disc_weight * disc_loss,
-        "cloze_loss": cloze_loss,
-        "cloze_accuracy": weighted_mean(cloze_correct, candidates, candidate_total),
-        "mlm_loss": mlm_loss, "mlm_accuracy": weighted_mean(mlm_correct, batch.weights, slot_total),
-        "sampled_accuracy": weighted_mean(sampled_correct, batch.weights, slot_total),
-        "disc_loss": disc_loss, "disc_accuracy": weighted_mean(disc_correct, input_mask, token_total),
-        "cloze_logits": gen["cloze_logits"], "energy": energy, "log_q": log_q,
-        "rtd_logits": logits, "replaced_token_labels": labels, "disc_weights": input_mask,
-        "sampled_ids": sampled, "disc_input_ids": disc_input_ids, "candidates": candidates,
-    }
+        batch = choose_masks(c, input_ids, input_mask, seed)  # positions chosen as for ELECTRA
+        candidates = candidate_mask(input_ids, input_mask, c)
+        if totals is None:  # every global count of the step in ONE all-reduce (`weighted_mean`)
+            totals = global_sum(_local_totals(batch, input_mask, candidates))
+        slot_total, token_total, candidate_total = tf.unstack(totals)
+
+        # --- the generator: a cloze model over the unmasked input ---
+        gen = model.generator(
+            {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
+            training=training)
+        log_q_all = tf.nn.log_softmax(gen["cloze_logits"])  # [batch, seq, vocab]
+        cloze_log_probs = tf.gather(log_q_all, input_ids, batch_dims=2)  # [batch, seq]
+        cloze_loss = weighted_mean(-cloze_log_probs, candidates, candidate_total)
+        cloze_correct = tf.cast(tf.equal(tf.argmax(gen["cloze_logits"], -1, output_type=tf.int32),
+                                         input_ids), tf.float32)
+
+        # --- noise: samples at the masked positions, every one of them labelled fake ---
+        masked_logits = gather_positions(gen["cloze_logits"], batch.positions)  # [batch, n, V]
+        mlm_loss, mlm_correct = mlm_loss_terms(masked_logits, batch.masked_ids, batch.weights,
+                                               slot_total)
+        replica_seed = sampling_seed(seed, micro_batch)
+        sampled = masking.sample_replacements(
+            masked_logits, replica_seed, temperature=c.temperature,
+            disallow_ids=batch.masked_ids if c.disallow_correct else None)
+        disc_input_ids, _ = masking.replace_tokens(input_ids, sampled, batch)
+        labels = tf.cast(batch.is_masked, tf.int32)  # NCE: a noise sample is fake even if correct
+        sampled_correct = tf.cast(tf.equal(sampled, batch.masked_ids), tf.float32)
+
+        # --- the discriminator: energy + log q(token present) + log(p / (1 - p)) ---
+        disc = model.discriminator(
+            {"input_ids": disc_input_ids, "input_mask": input_mask, "segment_ids": segment_ids},
+            training=training)
+        energy = disc["rtd_logits"]  # [batch, seq]
+        log_q = tf.stop_gradient(tf.gather(log_q_all, disc_input_ids, batch_dims=2))
+        logits = energy + log_q + noise_log_ratio(c.mask_prob)
+        labels_f = tf.cast(labels, tf.float32)
+        losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=labels_f, logits=logits)
+        disc_loss = weighted_mean(losses, input_mask, token_total)
+        disc_correct = tf.cast(tf.equal(tf.cast(logits > 0, tf.float32), labels_f), tf.float32)
+
+        return {
+            "masked": batch, "loss": c.gen_weight * cloze_loss + c.disc_weight * disc_loss,
+            "cloze_loss": cloze_loss,
+            "cloze_accuracy": weighted_mean(cloze_correct, candidates, candidate_total),
+            "mlm_loss": mlm_loss,
+            "mlm_accuracy": weighted_mean(mlm_correct, batch.weights, slot_total),
+            "sampled_accuracy": weighted_mean(sampled_correct, batch.weights, slot_total),
+            "disc_loss": disc_loss,
+            "disc_accuracy": weighted_mean(disc_correct, input_mask, token_total),
+            "cloze_logits": gen["cloze_logits"], "energy": energy, "log_q": log_q,
+            "rtd_logits": logits, "replaced_token_labels": labels, "disc_weights": input_mask,
+            "sampled_ids": sampled, "disc_input_ids": disc_input_ids, "candidates": candidates,
+        }

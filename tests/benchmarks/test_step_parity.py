@@ -26,7 +26,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import model_slots
 from electra_tf.convert.hf import hf_name, hf_tensors
 from electra_tf.models import masking
-from electra_tf.models.pretrainer import sampling_seed
+from electra_tf.models.objective_terms import sampling_seed
 from electra_tf.training import pretraining
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4

@@ -155,3 +155,24 @@ def test_fit_reports_the_paper_metrics():
     for name in ("loss", "mlm_loss", "mlm_accuracy", "sampled_accuracy", "disc_loss",
                  "disc_accuracy", "disc_precision", "disc_recall", "disc_auc"):
         assert name in history.history and np.isfinite(history.history[name][0]), name
+
+
+def test_every_config_objective_is_an_objective_object_and_the_pretrainer_asks_it():
+    """`config.OBJECTIVES` (what a config may name) and the objects the pretrainer holds are one
+    list; the pretrainer's heads, generator and metrics are the objective's answers."""
+    from electra_tf import config as config_module
+    from electra_tf.models.objectives import OBJECTIVES, get_objective
+
+    assert tuple(OBJECTIVES) == config_module.OBJECTIVES
+    for name in OBJECTIVES:
+        p = ElectraPretrainer(tiny_config(
+            objective=name, embedding_sharing="untied" if name == "electric" else "embeddings"))
+        objective = get_objective(name)
+        assert p.objective is objective and objective.name == name
+        assert (p.discriminator.rtd_head is not None) == objective.rtd_head, name
+        assert (p.discriminator.mlm_head is not None) == objective.mlm_head, name
+        assert (p.generator is None) == (name == "mlm"), name
+        assert tuple(p.step_metrics) == objective.metric_names, name
+        assert (p.disc_auc is not None) == objective.detection_metrics, name
+    with pytest.raises(ValueError, match="objective must be one of"):
+        get_objective("electra_16")
