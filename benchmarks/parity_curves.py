@@ -60,7 +60,7 @@ import sys
 import time
 from pathlib import Path
 
-from electra_tf import files
+from electra_tf import files, run_folder
 
 SIDES = ("electra_tf", "torch")
 METRICS = ("disc_auc", "disc_loss", "mlm_accuracy", "mlm_loss")
@@ -371,9 +371,8 @@ def _saved_step(side: str, folder: Path) -> int:
             return int((folder / "checkpoint_step").read_text())
         except (OSError, ValueError):
             return max(torch_curve(folder), default=0)
-    steps = [int(m.group(1)) for p in folder.glob("ckpt-*.index")
-             if (m := re.fullmatch(r"ckpt-(\d+)\.index", p.name))]
-    return max(steps, default=0)
+    prefixes = run_folder.checkpoint_prefixes(folder)  # newest first
+    return int(prefixes[0].rsplit("-", 1)[1]) if prefixes else 0
 
 
 def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
@@ -447,9 +446,8 @@ def _pretrainer_of(output_dir, side: str, seed: int, config):
         return None
     model = ElectraPretrainer(config, seed=seed)
     if side == "electra_tf":
-        from electra_tf.training import pretraining
-
-        pretraining.model_checkpoint(model).restore(str(folder / f"ckpt-{step}")).expect_partial()
+        prefix = run_folder.checkpoint_prefix(folder, step)
+        run_folder.model_checkpoint(model).restore(prefix).expect_partial()
         return model, step
     import torch
 

@@ -235,7 +235,9 @@ def checkpoint_cadence(steps: int, checkpoint_steps=()) -> tuple[int, int]:
 def _check_same_run(model_dir: str, config, overrides: dict) -> None:
     """A model_dir left by a different run would be resumed (or reused) as if it were this one:
     refuse, naming what differs."""
-    path = os.path.join(model_dir, "pretraining_config.json")
+    from electra_tf.run_folder import RECORD_FILE
+
+    path = os.path.join(model_dir, RECORD_FILE)
     if not os.path.exists(path):
         return
     saved = json.loads(Path(path).read_text())

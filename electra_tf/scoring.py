@@ -132,16 +132,17 @@ class Scorer:
         from electra_tf.convert.common import ConversionError
         from electra_tf.convert.pretrained import load_pretrained
         from electra_tf.data.casing import resolve_lower_case
+        from electra_tf.run_folder import DISCRIMINATOR_FOLDER, RECORD_FILE
 
         folder = Path(path).expanduser()
         if not folder.exists() and not Path(str(folder) + ".index").exists():
             raise ScoringError(f"{path}: no such checkpoint")
-        if (folder / "pretraining_config.json").exists():  # a run's model_dir
-            if not (folder / "discriminator").is_dir():
+        if (folder / RECORD_FILE).exists():  # a run's model_dir
+            if not (folder / DISCRIMINATOR_FOLDER).is_dir():
                 raise ScoringError(f"{folder} is a pretraining run without an exported "
                                    "discriminator/ yet (it is written when the run ends)")
-            folder = folder / "discriminator"
-        run_record = folder.parent / "pretraining_config.json"
+            folder = folder / DISCRIMINATOR_FOLDER
+        run_record = folder.parent / RECORD_FILE
         try:
             trained_length = json.loads(run_record.read_text())["pretraining_config"][
                 "max_seq_length"]

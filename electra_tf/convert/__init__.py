@@ -4,13 +4,14 @@
     disc, config, vocab = from_pretrained("electra_small")   # TF1 archive, HF folder or ours
 
 Modules: `tf1` (name-based TF1 checkpoints), `hf` (safetensors / pytorch_model.bin +
-config.json), `pretrained` (format detection, our format, `convert`), `common` (the weight walk
-shared by all and `ConversionReport`).
+config.json), `keras_hub` (keras-hub presets), `pretrained` (format detection, loading any of
+them, our format, `convert`), `common` (the weight walk shared by all, `ConversionReport`, `Pretrained`).
 """
 
 from electra_tf.convert.common import ConversionError, ConversionReport
 from electra_tf.convert.pretrained import (
-    convert, detect_format, from_pretrained, load_pretrained, save_electra_checkpoint)
+    convert, detect_format, from_pretrained, load_pretrained, save_electra_checkpoint,
+    to_keras_hub_preset)
 
 __all__ = ["ConversionError", "ConversionReport", "convert", "detect_format", "from_pretrained",
-           "load_pretrained", "save_electra_checkpoint"]
+           "load_pretrained", "save_electra_checkpoint", "to_keras_hub_preset"]

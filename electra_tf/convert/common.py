@@ -24,7 +24,7 @@ import glob
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -76,6 +76,17 @@ class ConversionReport:
         lines.append(f"unknown ({len(self.unknown)}):")
         lines += [f"  {name} {list(shape)}" for name, shape in self.unknown]
         return "\n".join(lines)
+
+
+class Pretrained(NamedTuple):
+    """What a loader returns: the model, the config it was built with (a generator's own for
+    network="generator"), the checkpoint's vocabulary (or None), the report and the format."""
+
+    model: object
+    config: object  # ElectraConfig
+    vocab_path: str | None
+    report: ConversionReport
+    format: str
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """keras-hub ELECTRA backbone presets <-> our models (needs the `keras_hub` extra).
 
-    to_keras_hub_preset("runs/demo/pretrain/discriminator", "/tmp/electra_preset")
+    from electra_tf.convert.pretrained import to_keras_hub_preset
+    to_keras_hub_preset("runs/demo/pretrain/discriminator", "/tmp/electra_preset")  # or a model
     backbone = keras_hub.models.Backbone.from_preset("/tmp/electra_preset")     # in keras-hub
     tokenizer = keras_hub.models.ElectraTokenizer.from_preset("/tmp/electra_preset")
     disc, config, vocab = from_keras_hub_preset("/tmp/electra_preset")           # and back
@@ -66,7 +67,7 @@ import numpy as np
 from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, network_of, read_json, vocab_overrides)
+    ConversionError, ConversionReport, Pretrained, network_of, read_json, vocab_overrides)
 
 MARKER = "electra_tf_preset.json"
 BACKBONE_CLASS = "ElectraBackbone"
@@ -256,7 +257,7 @@ def _check_same_architecture(config, derived, where):
 
 
 # --- presets -------------------------------------------------------------------------------------
-def _recorded_lower_case(path) -> bool | None:
+def recorded_lower_case(path) -> bool | None:
     """The casing a checkpoint folder (or a keras-hub preset) records, or None."""
     from electra_tf.data.casing import checkpoint_lower_case
 
@@ -268,35 +269,23 @@ def _recorded_lower_case(path) -> bool | None:
     return checkpoint_lower_case(path)[0]
 
 
-def to_keras_hub_preset(source, preset_dir, *, vocab_file=None, lower_case: bool | None = None,
-                        config=None) -> ConversionReport:
-    """Writes a keras-hub ELECTRA preset (backbone + tokenizer) from our discriminator.
+def write_keras_hub_preset(model, preset_dir, *, vocab_file=None,
+                           lower_case: bool | None = None) -> ConversionReport:
+    """Writes a keras-hub ELECTRA preset (backbone + tokenizer) from `model`'s discriminator
+    encoder (`electra_tf.convert.pretrained.to_keras_hub_preset` also takes a checkpoint path).
 
     Args:
-      source: a Discriminator, Generator or ElectraPretrainer, or any checkpoint
-        `electra_tf.convert.from_pretrained` reads (its discriminator is written).
+      model: a Discriminator, Generator or ElectraPretrainer.
       preset_dir: the folder to write.
-      vocab_file: the WordPiece vocabulary; by default the checkpoint's. Without one, the preset
-        has no tokenizer.
-      lower_case: the tokenizer's casing; by default what the checkpoint (or the folder of
-        `vocab_file`) records (`electra_tf.data.casing`), else True (uncased, as the released
-        ELECTRA models).
-      config: for a checkpoint path, the config to read it with (as `from_pretrained`).
+      vocab_file: the WordPiece vocabulary; without one, the preset has no tokenizer.
+      lower_case: the tokenizer's casing; by default what the folder of `vocab_file` records
+        (`electra_tf.data.casing`), else True (uncased, as the released ELECTRA models).
 
     Returns the conversion report (weights mapped, heads ignored, pooler written as identity).
     """
     keras_hub = _keras_hub()
-    if isinstance(source, (str, Path)):
-        from electra_tf.convert.pretrained import load_pretrained
-
-        loaded = load_pretrained(source, "discriminator", config)
-        model, vocab_file = loaded.model, vocab_file or loaded.vocab_path
-        if lower_case is None:
-            lower_case = _recorded_lower_case(source)
-    else:
-        model = source
     if lower_case is None and vocab_file is not None:  # the casing beside the vocabulary
-        lower_case = _recorded_lower_case(Path(vocab_file).parent)
+        lower_case = recorded_lower_case(Path(vocab_file).parent)
     lower_case = True if lower_case is None else bool(lower_case)
     encoder = _encoder_of(model)
     tokenizer = None
@@ -364,8 +353,6 @@ def load_keras_hub_preset(preset, config=None, *, hidden_act: str | None = None)
       hidden_act: None keeps the recorded activation, or the exact GELU for a preset we did not
         write; "gelu_approximate" reproduces keras-hub's outputs (to round-off).
     """
-    from electra_tf.convert.pretrained import Pretrained
-
     keras_hub = _keras_hub()
     recorded, vocab_path = None, None
     if Path(str(preset)).is_dir():
@@ -390,4 +377,5 @@ def from_keras_hub_preset(preset, config=None, *, hidden_act: str | None = None)
 
 __all__ = ["backbone_kwargs", "config_from_keras_hub", "from_keras_hub_backbone",
            "from_keras_hub_preset", "is_keras_hub_preset", "load_keras_hub_preset",
-           "read_preset_config", "to_keras_hub_backbone", "to_keras_hub_preset"]
+           "read_preset_config", "recorded_lower_case", "to_keras_hub_backbone",
+           "write_keras_hub_preset"]

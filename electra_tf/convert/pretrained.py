@@ -22,29 +22,19 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import NamedTuple
 
-from electra_tf import files
+from electra_tf import files, run_folder
 from electra_tf.config import ElectraConfig
-from electra_tf.convert import hf, tf1
+from electra_tf.convert import hf, keras_hub, tf1
 from electra_tf.convert.common import (
-    ConversionError, ConversionReport, check_vocab_size, damaged, network_of, open_tf_checkpoint,
-    read_json, reading_tf_tensors)
+    ConversionError, ConversionReport, Pretrained, check_vocab_size, damaged, network_of,
+    open_tf_checkpoint, part_of, read_json, reading_tf_tensors)
 
 FORMATS = ("tf1", "hf", "electra_tf", "keras_hub")
 # What to load, convert or save: one network, or "pretrainer", both with their heads.
 NETWORKS = ("discriminator", "generator", "pretrainer")
 MARKER = "electra_tf_checkpoint.json"  # version 2 names the network in "network", version 1 in "kind"
-RUN_RECORD = "pretraining_config.json"  # in an `electra-pretrain --model_dir`
 CHECKPOINT_NAME = "model"  # <folder>/model.index, model.data-*
-
-
-class Pretrained(NamedTuple):
-    model: object
-    config: ElectraConfig  # the config the model was built with (a generator's own for network="generator")
-    vocab_path: str | None
-    report: ConversionReport
-    format: str
 
 
 # --- our own format ------------------------------------------------------------------------------
@@ -140,19 +130,12 @@ def _load_electra_tf(folder: Path, network: str, config=None) -> Pretrained:
                       "electra_tf")
 
 
-def is_run_folder(path) -> bool:
-    """Whether `path` is an `electra-pretrain --model_dir` with at least one checkpoint."""
-    p = Path(path)
-    return p.is_dir() and (p / RUN_RECORD).exists() and any(p.glob("ckpt-*.index"))
-
-
 def _load_run_folder(folder: Path, network: str, config=None, step: int | None = None) -> Pretrained:
     """Both networks of a pretraining run, from its newest readable checkpoint or from the one
     of `step` (the optimizer's slots stay behind), as `network`."""
     from electra_tf.models import ElectraPretrainer
-    from electra_tf.training import pretraining
 
-    record_path = folder / RUN_RECORD
+    record_path = folder / run_folder.RECORD_FILE
     record = read_json(record_path)
     try:
         saved_config = ElectraConfig.from_dict(record["model_config"], source=str(record_path))
@@ -163,15 +146,15 @@ def _load_run_folder(folder: Path, network: str, config=None, step: int | None =
         check_vocab_size(config, saved_config.vocab_size, str(record_path))
     model = ElectraPretrainer(config or saved_config)
     if step is not None:
-        prefix = str(folder / f"{pretraining.CHECKPOINT_PREFIX}-{step}")
+        prefix = run_folder.checkpoint_prefix(folder, step)
         if not Path(prefix + ".index").exists():
             raise ConversionError(f"{folder}: no checkpoint of step {step} ({Path(prefix).name}.index)")
     else:
-        prefix = next((p for p in pretraining.checkpoint_prefixes(folder)
-                       if pretraining.checkpoint_problem(p) is None), None)  # a damaged one is skipped
+        prefix = next((p for p in run_folder.checkpoint_prefixes(folder)
+                       if run_folder.checkpoint_problem(p) is None), None)  # a damaged one is skipped
         if prefix is None:
             raise ConversionError(f"{folder}: no readable checkpoint (ckpt-*.index)")
-    status = pretraining.model_checkpoint(model).read(prefix)
+    status = run_folder.model_checkpoint(model).read(prefix)
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
@@ -196,13 +179,11 @@ def _load_run_folder(folder: Path, network: str, config=None, step: int | None =
 # --- detection and loading -----------------------------------------------------------------------
 def detect_format(path) -> str:
     """'tf1', 'hf', 'electra_tf' or 'keras_hub'; a ConversionError lists what was looked for."""
-    from electra_tf.convert.keras_hub import is_keras_hub_preset
-
     p = Path(path)
     if p.is_dir():
-        if (p / MARKER).exists() or is_run_folder(p):
+        if (p / MARKER).exists() or run_folder.is_run_folder(p):
             return "electra_tf"
-        if is_keras_hub_preset(p):
+        if keras_hub.is_keras_hub_preset(p):
             return "keras_hub"
         if (p / "config.json").exists() and any((p / f).exists() for f in hf.WEIGHT_FILES):
             return "hf"
@@ -243,19 +224,17 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     elif fmt == "hf":
         model, cfg, report, vocab = hf.load_hf_model(path, network, config, **load_kwargs)
     elif fmt == "electra_tf":
-        if is_run_folder(path) and not (Path(path) / MARKER).exists():
+        if run_folder.is_run_folder(path) and not (Path(path) / MARKER).exists():
             return _load_run_folder(Path(path), network, config, step)
         if not (Path(path) / MARKER).exists():
-            raise ConversionError(f"{path}: no {MARKER} and no {RUN_RECORD} with checkpoints; not "
-                                  "an electra_tf checkpoint folder or pretraining run")
+            raise ConversionError(f"{path}: no {MARKER} and no {run_folder.RECORD_FILE} with "
+                                  "checkpoints; not an electra_tf checkpoint folder or pretraining run")
         return _load_electra_tf(Path(path), network, config)
     elif fmt == "keras_hub":
-        from electra_tf.convert.keras_hub import load_keras_hub_preset
-
         if network != "discriminator":
             raise ConversionError(f"{path}: a keras-hub preset holds one encoder and no heads; "
                                   f"load it as network='discriminator', not {network!r}")
-        return load_keras_hub_preset(path, config)
+        return keras_hub.load_keras_hub_preset(path, config)
     else:
         raise ValueError(f"input_format must be 'auto' or one of {FORMATS}, got {fmt!r}")
     return Pretrained(model, cfg, vocab, report, fmt)
@@ -294,26 +273,49 @@ def save(model, output, output_format: str, *, vocab_file=None,
         report.mapped = [(v.path, v.path, tuple(v.shape)) for v in model.weights]
         return report
     if output_format == "keras_hub":  # the discriminator's encoder: heads and generator dropped
-        from electra_tf.convert.keras_hub import to_keras_hub_preset
-
-        return to_keras_hub_preset(model, output, vocab_file=vocab_file)
+        return keras_hub.write_keras_hub_preset(model, output, vocab_file=vocab_file)
     raise ValueError(f"output_format must be one of {FORMATS}, got {output_format!r}")
+
+
+def to_keras_hub_preset(source, preset_dir, *, vocab_file=None, lower_case: bool | None = None,
+                        config=None) -> ConversionReport:
+    """Writes a keras-hub ELECTRA preset (backbone + tokenizer) from a discriminator.
+
+    Args:
+      source: a Discriminator, Generator or ElectraPretrainer, or any checkpoint `load_pretrained`
+        reads (its discriminator is written).
+      preset_dir: the folder to write.
+      vocab_file: the WordPiece vocabulary; by default the checkpoint's. Without one, the preset
+        has no tokenizer.
+      lower_case: the tokenizer's casing; by default what the checkpoint (or the folder of
+        `vocab_file`) records (`electra_tf.data.casing`), else True (uncased, as the released
+        ELECTRA models).
+      config: for a checkpoint path, the config to read it with (as `from_pretrained`).
+
+    Returns the conversion report (weights mapped, heads ignored, pooler written as identity).
+    """
+    model = source
+    if isinstance(source, (str, Path)):
+        loaded = load_pretrained(source, "discriminator", config)
+        model, vocab_file = loaded.model, vocab_file or loaded.vocab_path
+        if lower_case is None:
+            lower_case = keras_hub.recorded_lower_case(source)
+    return keras_hub.write_keras_hub_preset(model, preset_dir, vocab_file=vocab_file,
+                                            lower_case=lower_case)
 
 
 def holds_generator(path, input_format: str = "auto") -> bool:
     """Whether the checkpoint at `path` has a generator besides the discriminator."""
     fmt = detect_format(path) if input_format == "auto" else input_format
     p = Path(path)
-    if fmt == "electra_tf" and is_run_folder(p) and not (p / MARKER).exists():
-        record = read_json(p / RUN_RECORD)
+    if fmt == "electra_tf" and run_folder.is_run_folder(p) and not (p / MARKER).exists():
+        record = read_json(p / run_folder.RECORD_FILE)
         return record.get("model_config", {}).get("objective", "electra") != "mlm"
     if fmt == "electra_tf":
         return "generator" in read_json(p / MARKER).get("objects", [])
     if fmt == "hf":
         return all((p / sub / "config.json").exists() for sub in ("discriminator", "generator"))
     if fmt == "tf1":
-        from electra_tf.convert.common import part_of
-
         prefix, _ = tf1.resolve_checkpoint(path)
         return any(part_of(name) == "generator" for name in tf1.read_shapes(prefix))
     return False

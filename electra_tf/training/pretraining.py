@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 import re
 import shutil
@@ -83,7 +82,11 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import files
+from electra_tf.run_folder import (
+    CHECKPOINT_PREFIX, DISCRIMINATOR_FOLDER, RECORD_FILE, RunFolderError, checkpoint_prefixes,
+    kept_facts, model_checkpoint, read_record, restore_newest_readable, write_record)
 from electra_tf.config import ConfigError, ElectraConfig, JsonConfig, check_field_types
+from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
@@ -92,8 +95,6 @@ from electra_tf.training.strategy import is_chief
 
 MIXED_PRECISION = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}
 OPTIMIZERS = ("adamw", "lamb")
-CONFIG_FILE = "pretraining_config.json"
-CHECKPOINT_PREFIX = "ckpt"
 
 
 class PretrainingConfigError(ConfigError):
@@ -102,11 +103,6 @@ class PretrainingConfigError(ConfigError):
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or Inf; the message names the step."""
-
-
-class RunFolderError(ValueError):
-    """model_dir cannot be resumed by this run (it holds another run, or no checkpoint of it reads
-    back); the message names the folder or file. Nothing in model_dir has been changed."""
 
 
 # Errors whose message is the whole story (it names the file or field): the binary prints them as
@@ -400,21 +396,6 @@ def make_loop_fn(model, strategy, jit_compile: bool = False, accumulation_steps:
 
 
 # --- checkpoints and export ---------------------------------------------------------------------
-def model_checkpoint(model: ElectraPretrainer, optimizer=None) -> tf.train.Checkpoint:
-    """The checkpoint of a run: every model variable, listed, and the optimizer.
-
-    With Keras 3, `tf.train.Checkpoint(model=pretrainer)` reaches the trainable weights only
-    through the optimizer and misses the non-trainable ones, among them the dropout seed
-    generators' states that an exact resume needs. So `model.variables` (weights and seed-
-    generator states, in the model's deterministic order) are listed explicitly under
-    `variables/<i>`.
-    """
-    objects = {"model": model, "variables": [v.value for v in model.variables]}
-    if optimizer is not None:
-        objects["optimizer"] = optimizer
-    return tf.train.Checkpoint(**objects)
-
-
 def _write_dir(model_dir: str, strategy) -> str:
     """Where this worker writes: model_dir for the chief, a temporary folder for the others."""
     if is_chief(strategy):
@@ -424,8 +405,6 @@ def _write_dir(model_dir: str, strategy) -> str:
 
 def export_discriminator(model: ElectraPretrainer, folder, vocab_file=None) -> str:
     """Saves the discriminator alone, in the format `from_pretrained` and fine-tuning load."""
-    from electra_tf.convert.pretrained import save_electra_checkpoint
-
     return save_electra_checkpoint(model.discriminator, model.config, folder,
                                    vocab_file=vocab_file)
 
@@ -449,12 +428,11 @@ def check_run_folder(model_dir, model_config: ElectraConfig, config: Pretraining
             raise PretrainingConfigError(
                 f"--allow_config_change={name}: only {', '.join(RESUME_ON_REQUEST_FIELDS)} may "
                 "change when a run resumes")
-    path = os.path.join(str(model_dir), CONFIG_FILE)
+    path = os.path.join(str(model_dir), RECORD_FILE)
     if not checkpoint_prefixes(model_dir) or not tf.io.gfile.exists(path):
         return {}
     try:
-        with tf.io.gfile.GFile(path) as f:
-            saved = json.loads(f.read())
+        saved = read_record(model_dir)
         recorded = {**ElectraConfig().to_dict(), **saved["model_config"]}
         recorded_run = {**PretrainingConfig().to_dict(), **saved["pretraining_config"]}
     except (ValueError, KeyError, TypeError) as e:
@@ -482,119 +460,6 @@ def check_run_folder(model_dir, model_config: ElectraConfig, config: Pretraining
                         f"{'it' if len(names) == 1 else 'them'} on purpose)")
         raise RunFolderError(message)
     return allowed
-
-
-def checkpoint_prefixes(model_dir) -> list[str]:
-    """The checkpoints of model_dir, newest (highest step) first, found by their index files.
-
-    The index file is the last file a save writes, so each is a complete save, whether or not the
-    `checkpoint` state file (which a crash can leave stale, and TensorFlow ignores when it does
-    not parse) lists it.
-    """
-    found = []
-    for index in tf.io.gfile.glob(os.path.join(str(model_dir), f"{CHECKPOINT_PREFIX}-*.index")):
-        if not files.is_remote(index) and os.path.islink(index):
-            continue  # not a save of ours: a run never writes a link (`_save` replaces one)
-        prefix = index[:-len(".index")]
-        number = prefix.rsplit("-", 1)[-1]
-        if number.isdigit():
-            found.append((int(number), prefix))
-    return [prefix for _, prefix in sorted(found, reverse=True)]
-
-
-def _short(error: BaseException) -> str:
-    """The first line of a TensorFlow error, without its function-node prefix."""
-    message = getattr(error, "message", None) or str(error)
-    message = message.strip().splitlines()[0] if message.strip() else type(error).__name__
-    return re.sub(r"\{\{function_node [^}]*\}\}\s*", "", message)
-
-
-def checkpoint_problem(prefix: str) -> str | None:
-    """What makes checkpoint `prefix` unreadable, naming the file; None when every tensor reads
-    back (reading checks each tensor's CRC32C)."""
-    data = sorted(tf.io.gfile.glob(prefix + ".data-*"))
-    data_name = data[0] if len(data) == 1 else prefix + ".data-*"
-    if not data:
-        data_name = prefix + ".data-00000-of-00001"
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        names = sorted(reader.get_variable_to_shape_map())
-    except (tf.errors.OpError, ValueError, IndexError) as e:
-        message = _short(e)
-        if "No such file" in message:
-            return f"{data_name}: missing"
-        if "sstable" in message or "block checksum" in message or "Unable to read" in message:
-            return f"{prefix}.index: unreadable index (cut or damaged: {message})"
-        return f"{prefix}.index: {message}"
-    for name in names:
-        try:
-            reader.get_tensor(name)
-        except IndexError:  # "Read less bytes than requested"
-            size = sum(tf.io.gfile.stat(f).length for f in data)
-            return f"{data_name}: cut short ({size:,} bytes; tensor {name} lies beyond the end)"
-        except (tf.errors.OpError, ValueError) as e:
-            message = _short(e)
-            if "No such file" in message:
-                return f"{data_name}: missing"
-            if "Checksum does not match" in message:
-                return f"{data_name}: checksum mismatch in tensor {name} (damaged bytes)"
-            return f"{data_name}: {message} (tensor {name})"
-    return None
-
-
-def restore_newest_readable(checkpoint: tf.train.Checkpoint, model_dir) -> str | None:
-    """Restores the newest checkpoint of model_dir that reads back; returns it (None: none yet).
-
-    A run of weeks should not stop because its last save was cut (a full disk, a kill during the
-    write): a damaged checkpoint is named in a warning, left in place (a later save at its step
-    replaces it) and the one before it is tried. A checkpoint that reads back but does not fit the
-    model raises RunFolderError (an older one would not fit either), as does a folder whose
-    checkpoints are all damaged: starting over there would overwrite them.
-    """
-    prefixes = checkpoint_prefixes(model_dir)
-    state = tf.train.get_checkpoint_state(str(model_dir))
-    named = state and state.model_checkpoint_path
-    if named and os.path.basename(named) not in {os.path.basename(p) for p in prefixes}:
-        logging.warning("%s: the checkpoint state names %s, but %s.index is missing", model_dir,
-                        os.path.basename(named), os.path.basename(named))
-    damaged = []
-    for prefix in prefixes:
-        try:
-            checkpoint.restore(prefix).assert_existing_objects_matched()
-        except (tf.errors.OpError, ValueError, IndexError, AssertionError) as e:
-            problem = checkpoint_problem(prefix)
-            if problem is None:
-                raise RunFolderError(f"{prefix} does not fit this run's model and optimizer "
-                                     f"({_short(e)}); use another --model_dir") from None
-            logging.warning("damaged checkpoint %s; trying the one before it", problem)
-            damaged.append(problem)
-            continue
-        if damaged:
-            logging.warning("Resuming from %s, the newest checkpoint that reads back; the damaged "
-                            "files are left in place", prefix)
-        return prefix
-    if damaged:
-        raise RunFolderError(f"model_dir {model_dir} has no checkpoint that reads back "
-                             f"({'; '.join(damaged)}); move them aside to start over")
-    return None
-
-
-def _previous_facts(model_dir: str, latest) -> dict:
-    """The facts a resumed run keeps from its record (how its weights were initialised)."""
-    if not latest:
-        return {}
-    try:
-        with tf.io.gfile.GFile(os.path.join(model_dir, CONFIG_FILE)) as f:
-            saved = json.loads(f.read())
-    except (tf.errors.OpError, ValueError):
-        return {}
-    return {"init_checkpoint": saved["init_checkpoint"]} if saved.get("init_checkpoint") else {}
-
-
-def _write_run_record(model_dir: str, record: dict) -> None:
-    """pretraining_config.json, replaced in one rename (a full disk leaves the old one; a link
-    planted at the name is replaced, not written through: `files.write_json`)."""
-    files.write_json(os.path.join(model_dir, CONFIG_FILE), record, sort_keys=True)
 
 
 # --- SIGTERM ------------------------------------------------------------------------------------
@@ -954,7 +819,7 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
     chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
     if chief:  # what a killed run left: checkpoint temporaries, a half-written discriminator
-        files.recover_folder(os.path.join(model_dir, "discriminator"))
+        files.recover_folder(os.path.join(model_dir, DISCRIMINATOR_FOLDER))
         for path in files.remove_stale_temporaries(model_dir):
             logging.info("Removed %s, left by an interrupted run", path)
 
@@ -969,8 +834,8 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
                                              checkpoint_name=CHECKPOINT_PREFIX)
         latest = _restore_or_initialise(checkpoint, model, opt, model_dir, init, changes)
         if chief:
-            _write_run_record(model_dir, {
-                **(run_facts or {}), **_previous_facts(model_dir, latest),
+            write_record(model_dir, {
+                **(run_facts or {}), **kept_facts(model_dir, latest),
                 "flags": flags or {}, "model_config": model_config.to_dict(),
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas})
@@ -982,9 +847,9 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
             # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the
             # others write to their temporary folder, deleted below), so only the chief says so.
             # Built aside and swapped in whole: a kill leaves the previous discriminator/ or this one.
-            with files.staged_folder(Path(write_dir) / "discriminator") as staging:
+            with files.staged_folder(Path(write_dir) / DISCRIMINATOR_FOLDER) as staging:
                 export_discriminator(model, staging, vocab_file=vocab_file)
-            disc_dir = str(Path(model_dir) / "discriminator")
+            disc_dir = str(Path(model_dir) / DISCRIMINATOR_FOLDER)
             if chief:
                 logging.info("Saved the discriminator to %s", disc_dir)
         return PretrainingResult(model, step, preempted, metrics,

@@ -44,9 +44,10 @@ from absl import logging
 from electra_tf.config import SPECIAL_ID_FIELDS, ConfigError, ElectraConfig
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import (
-    detect_format, holds_generator, is_run_folder, load_pretrained, saved_network)
+    detect_format, holds_generator, load_pretrained, saved_network)
 from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
+from electra_tf.run_folder import is_run_folder
 from electra_tf.training import pretraining
 
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).

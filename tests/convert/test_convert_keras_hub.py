@@ -24,7 +24,8 @@ from electra_tf.convert import (  # noqa: E402
     save_electra_checkpoint)
 from electra_tf.convert.keras_hub import (  # noqa: E402
     MARKER, from_keras_hub_backbone, from_keras_hub_preset, read_preset_config,
-    to_keras_hub_backbone, to_keras_hub_preset)
+    to_keras_hub_backbone)
+from electra_tf.convert.pretrained import to_keras_hub_preset  # noqa: E402
 from electra_tf.data.tokenizer import WordpieceTokenizer  # noqa: E402
 from electra_tf.models import Discriminator  # noqa: E402
 

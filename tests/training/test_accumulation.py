@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib
@@ -175,7 +176,7 @@ def test_a_run_counts_optimizer_steps_and_resumes_with_other_micro_batches(
     assert int(result.model.optimizer.iterations.numpy()) == 6
     assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "ckpt-*.index"))) \
         == ["ckpt-3.index", "ckpt-6.index"]
-    record = json.loads(open(os.path.join(model_dir, pretraining.CONFIG_FILE)).read())
+    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
     assert record["pretraining_config"]["gradient_accumulation_steps"] == 4
     # Out of memory? Resume with more, smaller micro-batches: the same global batch and stream
     # (and XLA-compiled, to cover it).

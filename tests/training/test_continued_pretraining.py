@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import run_folder
 from electra_tf.config import ConfigError
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import from_pretrained, save_electra_checkpoint
@@ -103,7 +104,7 @@ def test_step_0_of_a_continued_run_has_the_checkpoints_loss_and_a_rerun_resumes(
         pretrain_shards, 8, 32, seed=5, shuffle_buffer=64)(tf.distribute.InputContext())))
     out = reference.compute_objective(batch, tf.constant([5, 0], tf.int64), training=True)
     np.testing.assert_allclose(result.metrics["loss"], float(out["loss"]), rtol=1e-5)
-    record = json.loads(open(os.path.join(model_dir, pretraining.CONFIG_FILE)).read())
+    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
     assert record["init_checkpoint"] == {"path": release, "format": "tf1",
                                          "networks": "generator and discriminator"}
 

@@ -9,22 +9,22 @@ import sys
 import numpy as np
 import pytest
 
+from electra_tf import run_folder
 from electra_tf.convert.common import ConversionError
 from electra_tf.convert.pretrained import detect_format, from_pretrained, holds_generator, load_pretrained
 from electra_tf.models import ElectraPretrainer
-from electra_tf.training import pretraining
 
 
 def _run_weights(model_dir) -> ElectraPretrainer:
     """The pretrainer of the run's newest checkpoint, read the way the run itself restores it."""
     import json
 
-    record = json.loads((model_dir / pretraining.CONFIG_FILE).read_text())
+    record = json.loads((model_dir / run_folder.RECORD_FILE).read_text())
     from electra_tf.config import ElectraConfig
 
     model = ElectraPretrainer(ElectraConfig.from_dict(record["model_config"]))
-    prefix = pretraining.checkpoint_prefixes(model_dir)[0]
-    pretraining.model_checkpoint(model).read(prefix).expect_partial()
+    prefix = run_folder.checkpoint_prefixes(model_dir)[0]
+    run_folder.model_checkpoint(model).read(prefix).expect_partial()
     return model
 
 
@@ -72,7 +72,7 @@ def test_a_pretraining_run_converts_in_one_command(pretrain_shards, pretrain_voc
     assert config.vocab_size == run.config.vocab_size
     np.testing.assert_array_equal(disc.get_weights()[0], run.discriminator.get_weights()[0])
     # A given step's checkpoint (the replication study exports several of one run).
-    step = int(pretraining.checkpoint_prefixes(model_dir)[0].rsplit("-", 1)[1])
+    step = int(run_folder.checkpoint_prefixes(model_dir)[0].rsplit("-", 1)[1])
     at_step = load_pretrained(model_dir, "discriminator", step=step).model
     np.testing.assert_array_equal(at_step.get_weights()[0], run.discriminator.get_weights()[0])
     with pytest.raises(ConversionError, match=f"no checkpoint of step {step + 1} "):

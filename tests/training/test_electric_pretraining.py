@@ -11,7 +11,7 @@ import tensorflow as tf
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import tf1
 from electra_tf.models import ElectraPretrainer
-from electra_tf.training.pretraining import CONFIG_FILE, model_checkpoint
+from electra_tf.run_folder import RECORD_FILE, model_checkpoint
 
 
 def run_pretraining_binary(th, shards, vocab, model_dir, **flags):
@@ -23,7 +23,7 @@ def run_pretraining_binary(th, shards, vocab, model_dir, **flags):
 
 def load_run(model_dir) -> ElectraPretrainer:
     """The pretrainer of a run's newest checkpoint, built from its recorded config."""
-    saved = json.loads((Path(model_dir) / CONFIG_FILE).read_text())
+    saved = json.loads((Path(model_dir) / RECORD_FILE).read_text())
     model = ElectraPretrainer(ElectraConfig.from_dict(saved["model_config"]),
                               seed=saved["pretraining_config"]["seed"])
     model_checkpoint(model).read(tf.train.latest_checkpoint(str(model_dir))).expect_partial()

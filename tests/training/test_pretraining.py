@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.training import pretraining
 from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
@@ -125,7 +126,7 @@ def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pr
     assert np.isfinite(result.metrics["loss"]) and result.metrics["loss"] > 0
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-4")
     # Config JSON: flags, resolved model config and pretraining config.
-    saved = json.loads((tmp_path / "run" / pretraining.CONFIG_FILE).read_text())
+    saved = json.loads((tmp_path / "run" / run_folder.RECORD_FILE).read_text())
     assert saved["flags"] == {"strategy": "mirrored"}
     assert saved["model_config"]["vocab_size"] == tiny_config(pretrain_vocab).vocab_size
     assert saved["pretraining_config"]["train_batch_size"] == 8
@@ -246,7 +247,7 @@ def test_sigterm_then_resume_matches_an_uninterrupted_run(tmp_path, pretrain_sha
     assert f"Resumed from {resumed_dir}/ckpt-{stopped} at step {stopped}" in log2
     out, _ = straight.communicate(timeout=300)
     assert straight.returncode == 0, out[-3000:]
-    recorded = json.loads(open(os.path.join(straight_dir, pretraining.CONFIG_FILE)).read())
+    recorded = json.loads(open(os.path.join(straight_dir, run_folder.RECORD_FILE)).read())
     assert recorded["pretraining_config"]["adam_beta_2"] == 0.98  # the flag reached the config
 
     # Every step summarised exactly once across the two runs.

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.data import pipeline
 from electra_tf.training import pretraining
@@ -57,7 +58,7 @@ def record_run(folder, model_config, config, with_checkpoint=True):
     """A run folder as run_pretraining leaves it, as far as check_run_folder reads it."""
     os.makedirs(folder, exist_ok=True)
     record = {"model_config": model_config.to_dict(), "pretraining_config": config.to_dict()}
-    with open(os.path.join(folder, pretraining.CONFIG_FILE), "w") as f:
+    with open(os.path.join(folder, run_folder.RECORD_FILE), "w") as f:
         json.dump(record, f)
     if with_checkpoint:
         open(os.path.join(folder, "ckpt-2.index"), "wb").close()
@@ -73,7 +74,7 @@ def test_a_resumed_run_may_change_steps_and_intervals_but_not_the_model_or_the_d
     assert check(folder, model, config) == {}
     assert check(folder, model, config.replace(num_train_steps=200, summary_steps=7)) == {
         "num_train_steps": (100, 200), "summary_steps": (100, 7)}
-    with pytest.raises(pretraining.RunFolderError) as err:
+    with pytest.raises(run_folder.RunFolderError) as err:
         check(folder, model.replace(hidden_size=128), config.replace(train_batch_size=64))
     assert str(err.value) == (
         f"model_dir {folder} holds a run with hidden_size=64, train_batch_size=128, this run "
@@ -81,7 +82,7 @@ def test_a_resumed_run_may_change_steps_and_intervals_but_not_the_model_or_the_d
         "flags")
     # The optimizer's settings change only on request (e.g. a lower learning rate after a NaN).
     lower = config.replace(learning_rate=5e-4)
-    with pytest.raises(pretraining.RunFolderError,
+    with pytest.raises(run_folder.RunFolderError,
                        match=r"learning_rate=0.001, this run asks for learning_rate=0.0005; .* "
                              r"\(or --allow_config_change=learning_rate to change it on purpose\)"):
         check(folder, model, lower)
@@ -96,11 +97,11 @@ def test_the_run_record_of_an_older_version_and_a_folder_without_checkpoints(tmp
     config = PretrainingConfig()
     older = tmp_path / "older"  # written before adam_beta_2 existed: its default applies
     record_run(older, model, config)
-    saved = json.loads((older / pretraining.CONFIG_FILE).read_text())
+    saved = json.loads((older / run_folder.RECORD_FILE).read_text())
     del saved["pretraining_config"]["adam_beta_2"]
-    (older / pretraining.CONFIG_FILE).write_text(json.dumps(saved))
+    (older / run_folder.RECORD_FILE).write_text(json.dumps(saved))
     assert pretraining.check_run_folder(str(older), model, config) == {}
-    with pytest.raises(pretraining.RunFolderError, match="adam_beta_2=0.999, this run asks "):
+    with pytest.raises(run_folder.RunFolderError, match="adam_beta_2=0.999, this run asks "):
         pretraining.check_run_folder(str(older), model, config.replace(adam_beta_2=0.98))
     # A folder with no checkpoint holds nothing to resume: any run may use it.
     empty = tmp_path / "empty"
@@ -114,14 +115,14 @@ def test_checkpoint_problem_names_the_damaged_file(tmp_path):
     manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / "good"), 3,
                                          checkpoint_name="ckpt")
     prefix = manager.save(checkpoint_number=7)
-    assert pretraining.checkpoint_problem(prefix) is None
+    assert run_folder.checkpoint_problem(prefix) is None
 
     def damaged(name, damage):
         folder = tmp_path / name
         shutil.copytree(tmp_path / "good", folder)
         copy = str(folder / "ckpt-7")
         damage(copy)
-        return copy, pretraining.checkpoint_problem(copy)
+        return copy, run_folder.checkpoint_problem(copy)
 
     data = ".data-00000-of-00001"
     copy, problem = damaged("cut_data", lambda p: cut(p + data, 0.5))
@@ -197,7 +198,7 @@ def test_another_config_is_refused_in_one_line_and_the_folder_stays_byte_identic
     assert f"Resumed from {model_dir}/ckpt-4 at step 4" in out
     assert "Resuming with num_train_steps=6 (the run so far had 4)" in out
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-6")
-    record = json.loads(open(os.path.join(model_dir, pretraining.CONFIG_FILE)).read())
+    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
     assert record["pretraining_config"]["num_train_steps"] == 6
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from electra_tf import run_folder
 from electra_tf.config import ConfigError, ElectraConfig
 from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
@@ -152,7 +153,7 @@ def test_the_binary_needs_neither_vocab_nor_length_with_a_manifest(pretrain_shar
     process = th.pretrain_process(flags)
     out, _ = process.communicate(timeout=300)
     assert process.returncode == 0, out[-3000:]
-    record = json.loads(open(os.path.join(model_dir, pretraining.CONFIG_FILE)).read())
+    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
     assert record["model_config"]["cls_token_id"] == 2
     assert record["pretraining_config"]["max_seq_length"] == 32
     assert record["lower_case"] is True
