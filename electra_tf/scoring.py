@@ -245,7 +245,7 @@ def score_texts(model_or_checkpoint, texts: Sequence[str], batch_size: int = 64,
 def progress_logger(every_seconds: float = 10.0, log_fn=None):
     """A `progress(done, total)` callback logging "sentence done/total, rate, ETA" lines at most
     every `every_seconds` (and at the end), for `score_texts`."""
-    from electra_tf.training.progress import ProgressLogger
+    from electra_tf.progress import ProgressLogger
 
     state = {}
 

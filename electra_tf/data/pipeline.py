@@ -36,7 +36,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.training.progress import format_duration
+from electra_tf.progress import format_duration
 
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
 

@@ -597,7 +597,7 @@ class _TrainingLog:
     def __init__(self, out: "_RunFolder", total_steps: int, every_n: int, log):
         import tensorflow as tf
 
-        from electra_tf.training.progress import ProgressLogger
+        from electra_tf.progress import ProgressLogger
 
         self.writers = {name: tf.summary.create_file_writer(str(out.path / "logs" / name)) if out.chief
                         else tf.summary.create_noop_writer() for name in ("train", "eval")}

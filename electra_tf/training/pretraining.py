@@ -90,7 +90,7 @@ from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib, summaries
-from electra_tf.training.progress import ProgressLogger
+from electra_tf.progress import ProgressLogger
 from electra_tf.training.strategy import is_chief
 
 MIXED_PRECISION = {"none": "float32", "float16": "mixed_float16", "bfloat16": "mixed_bfloat16"}

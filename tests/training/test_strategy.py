@@ -6,7 +6,7 @@ import time
 import pytest
 import tensorflow as tf
 
-from electra_tf.training.progress import ProgressLogger, format_duration
+from electra_tf.progress import ProgressLogger, format_duration
 from electra_tf.training.strategy import (StrategyError, create_strategy, is_chief,
                                           read_tf_config, task_info)
 
