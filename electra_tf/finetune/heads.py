@@ -73,7 +73,7 @@ class FinetuningHead(keras.Model):
         head.compile(optimizer=keras.optimizers.Adam(1e-4),
                      metrics=[keras.metrics.SparseCategoricalAccuracy()])
         head.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(32), epochs=3)
-        head.save("head.keras")  # keras.saving.load_model after `import electra_tf.models`
+        head.save("head.keras")  # keras.saving.load_model after `import electra_tf.keras_objects`
     """
 
     family = None  # the task family (`families/`) whose head this is: "classification", ...

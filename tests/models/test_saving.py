@@ -176,8 +176,9 @@ def test_compiled_pretrainer_resumes_fit_after_loading(tmp_path):
 
 
 def test_a_fresh_process_loads_with_only_the_package_imported(tmp_path):
-    """A new Python process that imports `electra_tf.models` (which registers the models, the
-    fine-tuning heads and the optimizers) loads them: no `custom_objects`, no `safe_mode=False`."""
+    """A new Python process that imports `electra_tf.keras_objects` (which registers the models,
+    the fine-tuning heads and the optimizers) loads them: no `custom_objects`, no
+    `safe_mode=False`. `electra_tf.models` alone imports nothing above it (heads, training)."""
     from electra_tf.finetune.heads import SentenceClassifier
 
     config = tiny()
@@ -193,7 +194,11 @@ def test_a_fresh_process_loads_with_only_the_package_imported(tmp_path):
         import sys
         import keras
         import numpy as np
-        import electra_tf.models  # noqa: F401 (registration)
+        import electra_tf.models  # noqa: F401
+        above = sorted(m for m in sys.modules if m.startswith(("electra_tf.finetune",
+                                                               "electra_tf.training")))
+        assert not above, above
+        import electra_tf.keras_objects  # noqa: F401 (registration)
 
         folder = {str(tmp_path)!r}
         inputs = dict(np.load(folder + "/inputs.npz"))
