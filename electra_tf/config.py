@@ -19,6 +19,8 @@ OBJECTIVES = ("electra", "electra_15", "replace_mlm", "all_tokens_mlm", "mlm", "
 # How generator and discriminator share weights (paper Section 3.2 "Weight sharing").
 EMBEDDING_SHARING = ("embeddings", "untied", "all")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
+# The paper's model sizes (Table 6): the defaults of pretraining and fine-tuning depend on them.
+MODEL_SIZES = ("small", "base", "large")
 # The special-token ids a model needs; a vocabulary file gives them (`with_vocab`).
 SPECIAL_ID_FIELDS = ("pad_token_id", "cls_token_id", "sep_token_id", "mask_token_id")
 
@@ -259,6 +261,17 @@ class ElectraConfig(JsonConfig):
         vocab = load_vocab(str(vocab_file))
         ids = special_token_ids(vocab)
         return self.replace(vocab_size=len(vocab), **{name: ids[name] for name in SPECIAL_ID_FIELDS})
+
+    @property
+    def model_size(self) -> str:
+        """The paper's size this model takes its training defaults from, by its hidden size:
+        "large" from 1024 (Large), "base" from 768 (Base), else "small" (Small is 256; the demo's
+        and the tests' smaller models too)."""
+        if self.hidden_size >= 1024:
+            return "large"
+        if self.hidden_size >= 768:
+            return "base"
+        return "small"
 
     def num_masked_slots(self, seq_length: int) -> int:
         """N, masked positions per sequence: int((mask_prob + 0.005) * seq_length) as the original."""

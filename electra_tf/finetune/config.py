@@ -19,9 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from electra_tf.config import ConfigError, JsonConfig, check_field_types
-
-MODEL_SIZES = ("small", "base", "large")
+from electra_tf.config import MODEL_SIZES, ConfigError, JsonConfig, check_field_types
 
 @dataclasses.dataclass(frozen=True)
 class FinetuningConfig(JsonConfig):
@@ -119,15 +117,6 @@ class FinetuningConfig(JsonConfig):
             values["max_seq_length"] = 256
         return cls.from_dict({**values, **overrides}, source=f"FinetuningConfig.for_model_size({size!r})")
 
-
-
-def model_size_of(config) -> str:
-    """"small", "base" or "large" from an `ElectraConfig`'s hidden size (for the defaults)."""
-    if config.hidden_size >= 1024:
-        return "large"
-    if config.hidden_size >= 768:
-        return "base"
-    return "small"
 
 
 # ---------------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ import numpy as np
 from electra_tf import files
 from electra_tf.config import ElectraConfig
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig, model_size_of
+from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig
 from electra_tf.finetune.families import FAMILIES, Features, TaskFamily, get_family
 from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 from electra_tf.finetune.task_data import Task, data_files, get_task, infer_label_names, load_examples
@@ -356,7 +356,7 @@ def _finetuning_config(finetuning_config, config: ElectraConfig, task_name: str,
     """The config given, or the original's defaults for the model size and task with a dict of
     overrides; its max_seq_length must fit the encoder's positions."""
     if finetuning_config is None or isinstance(finetuning_config, dict):
-        size = model_size or model_size_of(config)
+        size = model_size or config.model_size
         fc = FinetuningConfig.for_model_size(size, task_name, **(finetuning_config or {}))
     else:
         fc = finetuning_config

@@ -85,7 +85,8 @@ from electra_tf import files
 from electra_tf.run_folder import (
     CHECKPOINT_PREFIX, DISCRIMINATOR_FOLDER, RECORD_FILE, RunFolderError, checkpoint_prefixes,
     kept_facts, model_checkpoint, read_record, restore_newest_readable, write_record)
-from electra_tf.config import ConfigError, ElectraConfig, JsonConfig, check_field_types
+from electra_tf.config import (
+    MODEL_SIZES, ConfigError, ElectraConfig, JsonConfig, check_field_types)
 from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
@@ -227,12 +228,14 @@ class PretrainingConfig(JsonConfig):
             fail("mixed_precision", f"must be one of {', '.join(MIXED_PRECISION)}")
 
     @classmethod
-    def for_model_size(cls, name: str, **overrides) -> "PretrainingConfig":
-        """The paper's defaults for "small", "base" or "large" (or a config name such as
-        "electra_base"; unknown sizes such as "electra_tiny" get the Small defaults)."""
-        size = Path(str(name)).stem.lower().replace("electra_", "").replace("electra-", "")
-        size = "small" if size.startswith("small") else size
-        values = dict(_PAPER_SIZES.get(size, _PAPER_SIZES["small"]))
+    def for_model_size(cls, size, **overrides) -> "PretrainingConfig":
+        """The paper's defaults for a model size: "small", "base" or "large", or the size
+        (`ElectraConfig.model_size`) of an `ElectraConfig`, config name ("electra_base") or file."""
+        if isinstance(size, ElectraConfig):
+            size = size.model_size
+        elif size not in MODEL_SIZES:
+            size = ElectraConfig.from_json(size).model_size
+        values = dict(_PAPER_SIZES[size])
         values.update(overrides)
         return cls(**values)
 

@@ -53,8 +53,6 @@ from electra_tf.training import pretraining
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).
 CHECKPOINT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size")
-# Paper sizes by hidden width, for the PretrainingConfig defaults of a checkpoint's model.
-_SIZE_BY_HIDDEN = {256: "small", 768: "base", 1024: "large"}
 
 
 def _short_hash(digest: str | None) -> str:
@@ -338,9 +336,7 @@ def resolve_run(data_pattern, *, config_name="electra_small", config_given=True,
             raise ConfigError(f"max_seq_length: --max_seq_length={given} but the shards were "
                               f"built with max_seq_length={length} ({manifest.path})")
         run_values["max_seq_length"] = length
-    size = config_name if config_given or init is None else \
-        _SIZE_BY_HIDDEN.get(model_config.hidden_size, "small")
-    config = pretraining.PretrainingConfig.for_model_size(size, **run_values)
+    config = pretraining.PretrainingConfig.for_model_size(model_config, **run_values)
 
     record = {
         "data_manifest": manifest.path if manifest else None,

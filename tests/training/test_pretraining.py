@@ -86,6 +86,14 @@ def test_paper_defaults_per_size_and_validation_names_the_field():
     assert (large.learning_rate, large.train_batch_size, large.num_train_steps,
             large.max_seq_length, large.seed) == (2e-4, 2048, 400_000, 512, 7)
     assert small.num_warmup_steps == base.num_warmup_steps == 10_000
+    # One rule for "model size" (`ElectraConfig.model_size`, which fine-tuning's defaults use
+    # too): the hidden width, whatever the config is called.
+    custom = ElectraConfig.from_json("electra_small").replace(hidden_size=768, num_heads=12)
+    assert custom.model_size == "base"
+    assert PretrainingConfig.for_model_size(custom).learning_rate == base.learning_rate
+    assert [ElectraConfig.from_json(n).model_size for n in
+            ("electra_tiny", "electra_demo", "electra_small_plus", "electra_base",
+             "electra_large")] == ["small", "small", "small", "base", "large"]
     with pytest.raises(PretrainingConfigError, match="PretrainingConfig.mixed_precision"):
         PretrainingConfig(mixed_precision="float8")
     with pytest.raises(PretrainingConfigError, match="PretrainingConfig.steps_per_loop"):
