@@ -49,7 +49,7 @@ import re
 from typing import NamedTuple
 
 # Our config -> transformers.ElectraConfig: one mapping, the benchmark row's.
-from electra_tf.tools.torch_reference import hf_config
+from benchmarks.torch_reference import hf_config
 
 INSTALL_HINT = "pip install -e '.[anchors]'"
 KEEP_ORIGINAL_PROB = 0.15

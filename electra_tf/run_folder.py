@@ -10,6 +10,9 @@ scoring and fine-tuning read (`electra_tf.convert.pretrained`):
   checkpoint                TensorFlow's state file (not trusted: `checkpoint_prefixes`).
   discriminator/            the discriminator alone, in the format `from_pretrained` loads,
                             published when the run finishes.
+
+TensorFlow is imported inside the functions that need it, so that reading this module (as every
+`electra-*` command's --help does through `electra_tf.convert`) stays light.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import tensorflow as tf
 from absl import logging
 
 from electra_tf import files
+
+if TYPE_CHECKING:
+    import tensorflow as tf
 
 RECORD_FILE = "pretraining_config.json"
 CHECKPOINT_PREFIX = "ckpt"
@@ -55,6 +61,8 @@ def model_checkpoint(model, optimizer=None) -> tf.train.Checkpoint:
     generator states, in the model's deterministic order) are listed explicitly under
     `variables/<i>`.
     """
+    import tensorflow as tf
+
     objects = {"model": model, "variables": [v.value for v in model.variables]}
     if optimizer is not None:
         objects["optimizer"] = optimizer
@@ -68,6 +76,8 @@ def checkpoint_prefixes(model_dir) -> list[str]:
     `checkpoint` state file (which a crash can leave stale, and TensorFlow ignores when it does
     not parse) lists it.
     """
+    import tensorflow as tf
+
     found = []
     for index in tf.io.gfile.glob(os.path.join(str(model_dir), f"{CHECKPOINT_PREFIX}-*.index")):
         if not files.is_remote(index) and os.path.islink(index):
@@ -89,6 +99,8 @@ def _short(error: BaseException) -> str:
 def checkpoint_problem(prefix: str) -> str | None:
     """What makes checkpoint `prefix` unreadable, naming the file; None when every tensor reads
     back (reading checks each tensor's CRC32C)."""
+    import tensorflow as tf
+
     data = sorted(tf.io.gfile.glob(prefix + ".data-*"))
     data_name = data[0] if len(data) == 1 else prefix + ".data-*"
     if not data:
@@ -128,6 +140,8 @@ def restore_newest_readable(checkpoint: tf.train.Checkpoint, model_dir) -> str |
     model raises RunFolderError (an older one would not fit either), as does a folder whose
     checkpoints are all damaged: starting over there would overwrite them.
     """
+    import tensorflow as tf
+
     prefixes = checkpoint_prefixes(model_dir)
     state = tf.train.get_checkpoint_state(str(model_dir))
     named = state and state.model_checkpoint_path
@@ -158,12 +172,16 @@ def restore_newest_readable(checkpoint: tf.train.Checkpoint, model_dir) -> str |
 
 def read_record(model_dir) -> dict:
     """The run record of model_dir; raises tf.errors.OpError (missing) or ValueError (not JSON)."""
+    import tensorflow as tf
+
     with tf.io.gfile.GFile(os.path.join(str(model_dir), RECORD_FILE)) as f:
         return json.loads(f.read())
 
 
 def kept_facts(model_dir: str, latest) -> dict:
     """The facts a resumed run keeps from its record (how its weights were initialised)."""
+    import tensorflow as tf
+
     if not latest:
         return {}
     try:

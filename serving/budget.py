@@ -7,7 +7,7 @@ PredictRequest of 4 million tiny strings becomes 4 million bytes objects as nump
 checked against `max_body_bytes` and each batch against `max_batch_size` before any of that
 (`rest_connections.read_body`, `json_api`, `grpc_api`), but a request within both limits still
 expands, and four clients sending one at once made the server's RSS grow by 1.8 GB
-(`tools/load_test_serving.py --phases=memory`).
+(`benchmarks/load_test_serving.py --phases=memory`).
 
 `ParseBudget` bounds the sum: a request holds as many bytes of the budget as its body has while
 it is parsed and its inputs converted, and waits, in arrival order, until they are free. The

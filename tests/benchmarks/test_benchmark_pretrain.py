@@ -1,4 +1,4 @@
-"""tools/benchmark_pretrain.py end to end on a tiny model: rows in their own processes, the bound."""
+"""benchmarks/benchmark_pretrain.py end to end on a tiny model: rows in their own processes, the bound."""
 
 import os
 import subprocess
@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_rows_bound_and_report(tmp_path):
     out = tmp_path / "result.json"
     run = subprocess.run(
-        [sys.executable, "-m", "electra_tf.tools.benchmark_pretrain", "--config=electra_tiny",
+        [sys.executable, "-m", "benchmarks.benchmark_pretrain", "--config=electra_tiny",
          "--rows=function,binary,model_garden", "--batch_size=2", "--seq_length=32", "--steps=2",
          "--rounds=2", "--warmup_steps=1", "--corpus_docs=40", f"--json_out={out}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -32,7 +32,7 @@ def test_rows_bound_and_report(tmp_path):
 
 
 def test_unknown_row_is_a_usage_error():
-    run = subprocess.run([sys.executable, "-m", "electra_tf.tools.benchmark_pretrain", "--rows=warp"],
+    run = subprocess.run([sys.executable, "-m", "benchmarks.benchmark_pretrain", "--rows=warp"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode != 0
     assert "--rows: unknown row(s) warp" in run.stderr

@@ -1,4 +1,4 @@
-"""tools/loss_trajectory.py: fixed-seed loss trajectories and their comparison."""
+"""benchmarks/loss_trajectory.py: fixed-seed loss trajectories and their comparison."""
 
 import json
 import pathlib
@@ -9,7 +9,7 @@ import keras
 import pytest
 
 from electra_tf.config import ElectraConfig
-from electra_tf.tools import loss_trajectory
+from benchmarks import loss_trajectory
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS, BATCH, SEQ = 3, 4, 32
@@ -26,7 +26,7 @@ def seed0(config):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "electra_tf.tools.loss_trajectory", *args], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "benchmarks.loss_trajectory", *args], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

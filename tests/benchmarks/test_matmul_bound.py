@@ -1,4 +1,4 @@
-"""tools/matmul_bound.py: the matmuls of a traced step, and their timing."""
+"""benchmarks/matmul_bound.py: the matmuls of a traced step, and their timing."""
 
 import tensorflow as tf
 
@@ -6,7 +6,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.models import ElectraPretrainer
 from electra_tf.models.flops import training_flops_per_sequence
 from electra_tf.training.optimizer import create_optimizer
-from electra_tf.tools import matmul_bound as mb
+from benchmarks import matmul_bound as mb
 
 
 def test_a_dense_layer_has_its_forward_and_both_backward_matmuls():

@@ -1,4 +1,4 @@
-"""tools/row_worker.py: the pipe protocol between the benchmark and its row processes."""
+"""benchmarks/row_worker.py: the pipe protocol between the benchmark and its row processes."""
 
 import io
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from electra_tf.config import ElectraConfig
-from electra_tf.tools import row_worker
+from benchmarks import row_worker
 
 
 def answers(commands, step=lambda: 1.5, per_call=2, matmul=None):

@@ -1,4 +1,4 @@
-"""tools/torch_reference.py: the Hugging Face PyTorch ELECTRA step our benchmark times as a reference.
+"""benchmarks/torch_reference.py: the Hugging Face PyTorch ELECTRA step our benchmark times as a reference.
 
 The step tests need torch and transformers (`pip install -e '.[anchors]'`) and skip without them;
 the `available()` tests run everywhere.
@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
-from electra_tf.tools import row_worker, torch_reference
+from benchmarks import row_worker, torch_reference
 
 CLS, SEP, MASK = 2, 3, 4
 
@@ -133,7 +133,7 @@ def test_worker_process_runs_steps_and_matmuls(torch, config, tmp_path):
     ids[:, 0], ids[:, -1] = CLS, SEP
     batch = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)}
     row_worker.save_inputs(str(tmp_path), config, [batch], {})
-    worker = row_worker.Worker([sys.executable, "-m", "electra_tf.tools.torch_reference", str(tmp_path)],
+    worker = row_worker.Worker([sys.executable, "-m", "benchmarks.torch_reference", str(tmp_path)],
                                "torch")
     try:
         assert worker.info["masked_slots"] == config.num_masked_slots(16)
@@ -163,5 +163,5 @@ def test_available_names_what_is_missing(monkeypatch, missing):
 
 
 def test_module_imports_without_torch():
-    code = "import sys, electra_tf.tools.torch_reference; assert 'torch' not in sys.modules"
+    code = "import sys, benchmarks.torch_reference; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

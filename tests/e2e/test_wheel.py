@@ -19,7 +19,7 @@ def test_the_wheel_installs_only_electra_tf(tmp_path):
     source.mkdir()
     for name in ("setup.py", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for folder in ("electra_tf", "configs", "serving", "tools"):
+    for folder in ("electra_tf", "configs", "serving", "tools", "benchmarks"):
         shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                             "-w", str(tmp_path / "dist"), str(source)],
@@ -36,6 +36,9 @@ def test_the_wheel_installs_only_electra_tf(tmp_path):
         assert f"electra_tf/{package}/__init__.py" in names
     assert "electra_tf/configs/electra_small.json" in names
     assert "electra_tf/serving/kubernetes.yaml" in names
+    # the instruments (benchmarks, reference implementations) are not the product
+    instruments = {p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py"}
+    assert instruments and not {n.rsplit("/", 1)[-1] for n in names} & instruments
     scripts = dict(entry_points["console_scripts"])
     assert len(scripts) >= 9
     for script, target in scripts.items():

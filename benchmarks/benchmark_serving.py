@@ -1,6 +1,6 @@
 """Serving latency and throughput of an ELECTRA-Small classifier export, printed as a table.
 
-  python -m electra_tf.tools.benchmark_serving [--vocab_file=vocab.txt] [--seconds=5] [--batch_sizes=1,8,32]
+  python -m benchmarks.benchmark_serving [--vocab_file=vocab.txt] [--seconds=5] [--batch_sizes=1,8,32]
 
 Builds `SentenceClassifier` on `configs/electra_small.json` (random weights: speed does not
 depend on them), exports it with `electra_tf.export.export_head` (max_seq_length 128, raw-text
@@ -57,7 +57,7 @@ def main(argv):
     from electra_tf.finetune.task_data import SentenceExample
     from electra_tf.serving.client import GrpcClient, RestClient
     from electra_tf.serving.server import ModelServer
-    from electra_tf.tools.serving_bench_model import export_small_classifier
+    from benchmarks.serving_bench_model import export_small_classifier
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_serving_bench_")
     path, head, tokenizer, sentences, export_seconds = export_small_classifier(work, _VOCAB.value, _MAX_SEQ_LENGTH.value)

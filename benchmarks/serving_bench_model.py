@@ -1,6 +1,6 @@
 """The model the serving benchmarks time: the ELECTRA-Small classifier, exported with random weights.
 
-Used by `tools/benchmark_serving.py` and `tools/load_test_serving.py` (a module without flags,
+Used by `benchmarks/benchmark_serving.py` and `benchmarks/load_test_serving.py` (a module without flags,
 so both binaries can import it). Serving speed does not depend on the weights; tokenization does
 real WordPiece work on a vocabulary made from the Rotten Tomatoes sentences unless one is given.
 """

@@ -4,7 +4,7 @@
 and backward: the gradient tape's ops are in the same graph) with its static shapes and
 transpose flags, and counts how often each distinct one occurs. `tf_seconds(specs)` times
 each with TensorFlow's kernels (the oneDNN `_MklMatMul` / `_MklBatchMatMulV2` that the step
-itself runs on x86), `electra_tf.tools.torch_reference.torch_matmul_seconds(specs)` with PyTorch's.
+itself runs on x86), `benchmarks.torch_reference.torch_matmul_seconds(specs)` with PyTorch's.
 The bound is sum(count x seconds): what the step would take if everything but its matmuls
 vanished and each matmul ran as fast as it does alone.
 

@@ -1,14 +1,14 @@
 r"""A fixed-seed pretraining loss trajectory, to compare two versions of the library or precisions.
 
-  python -m electra_tf.tools.loss_trajectory [--config=electra_small] [--steps=50] [--batch_size=16] \
+  python -m benchmarks.loss_trajectory [--config=electra_small] [--steps=50] [--batch_size=16] \
       [--seq_length=128] [--mixed_precision=none|bfloat16|float16] [--seed=0] [--vocab_size=0] \
       [--threads=0] [--out=FILE.json]
-  python -m electra_tf.tools.loss_trajectory --compare A.json B.json
+  python -m benchmarks.loss_trajectory --compare A.json B.json
 
 The run: `keras.utils.set_random_seed(seed)`, the Keras mixed-precision policy of
 `--mixed_precision` (the previous policy is restored afterwards), `ElectraPretrainer(config,
 seed=seed)` with special ids [PAD] 0, [CLS] 2, [SEP] 3, [MASK] 4, and the optimizer as
-`tools/benchmark_pretrain.py`'s bare step builds it, but with a schedule that moves the weights
+`benchmarks/benchmark_pretrain.py`'s bare step builds it, but with a schedule that moves the weights
 within the run: `create_optimizer("adamw", 5e-4, steps, steps // 10)` (float16 adds
 `LossScaleOptimizer`, as `electra_tf/training/pretraining.py` does). Then `steps` calls of
 `tf.function(model.train_step)`, dropout on, over a fixed cycle of 4 synthetic batches from
@@ -39,7 +39,7 @@ whatever the differences. A missing or malformed file is a one-line error naming
 
 This module imports nothing from `tools` and imports TensorFlow only to run a trajectory, so it
 can run as a file against another checkout of the library
-(`PYTHONPATH=/other/checkout python /this/repo/tools/loss_trajectory.py ...`), and `--compare` is
+(`PYTHONPATH=/other/checkout python /this/repo/benchmarks/loss_trajectory.py ...`), and `--compare` is
 quick.
 """
 

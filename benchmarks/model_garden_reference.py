@@ -1,16 +1,16 @@
 """TF Model Garden's ELECTRA pretraining step, as a timing reference for our benchmark.
 
 Runs in a SIDE venv (TF 2.20 + tf_keras + tf-models-official), never in the project's: it is a
-`row_worker` child like `tools/torch_reference.py`. Imports only numpy, tensorflow, tf_keras,
+`row_worker` child like `benchmarks/torch_reference.py`. Imports only numpy, tensorflow, tf_keras,
 `official.*`, `electra_tf.config` (stdlib only) and its sibling file `row_worker.py`.
 
   python3.11 -m venv ../mg-venv                    # any path OUTSIDE the repo (3.3 GB)
   ../mg-venv/bin/pip install "tensorflow==2.20.*" "tf-models-official==2.20.*" "tf-keras==2.20.*"
       # resolved: TF 2.20.0, tf-models-official 2.20.0, tf-keras 2.20.1, tensorflow-text 2.20.1
-  .venv/bin/python -m electra_tf.tools.benchmark_pretrain --model_garden_python=../mg-venv/bin/python
-  # the benchmark starts it by file as  [PY, "tools/model_garden_reference.py", WORKDIR]  with
+  .venv/bin/python -m benchmarks.benchmark_pretrain --model_garden_python=../mg-venv/bin/python
+  # the benchmark starts it by file as  [PY, "benchmarks/model_garden_reference.py", WORKDIR]  with
   # PYTHONPATH=<repo root> (electra_tf is not installed in the side venv); by hand, from the repo root:
-  PYTHONPATH=. ../mg-venv/bin/python tools/model_garden_reference.py WORKDIR
+  PYTHONPATH=. ../mg-venv/bin/python benchmarks/model_garden_reference.py WORKDIR
 
 WORKDIR is `row_worker.save_inputs`'s: setup.json ({"model_config": ElectraConfig.to_dict(), ...})
 and batches.npz ("<i>/input_ids", "<i>/input_mask", "<i>/segment_ids": int32 [batch, seq]).

@@ -2,10 +2,10 @@
 
 `torch_step(model_config, batches)` builds, from OUR `ElectraConfig`, the equivalent Hugging Face
 `transformers` models and returns `(callable, 1)` like the row makers of
-`tools/benchmark_pretrain.py`: each call runs one full pretraining step on the next of `batches`
+`benchmarks/benchmark_pretrain.py`: each call runs one full pretraining step on the next of `batches`
 (the very batches our rows use, padding included) and blocks until it is done. The benchmark can
 then time it in the same interleaved rounds as our rows and print electra_tf / PyTorch ratios.
-`torch_matmul_seconds(specs)` times `torch.matmul` at the `electra_tf.tools.matmul_bound` specs, to compare
+`torch_matmul_seconds(specs)` times `torch.matmul` at the `benchmarks.matmul_bound` specs, to compare
 PyTorch's CPU kernels with TensorFlow's at the step's own shapes.
 
 The reference step, and how it mirrors `ElectraPretrainer.train_step` (objective "electra"):
@@ -276,7 +276,7 @@ def torch_step(model_config, batches, threads: int | None = None, *, seed: int =
 
 
 def torch_matmul_seconds(specs, target_seconds: float = 0.05, repeats: int = 3) -> dict:
-    """Seconds per product of torch.matmul for each `electra_tf.tools.matmul_bound` spec (best of
+    """Seconds per product of torch.matmul for each `benchmarks.matmul_bound` spec (best of
     `repeats` loops of about `target_seconds`): PyTorch's kernels at the step's shapes."""
     import torch
 
@@ -303,8 +303,8 @@ def torch_matmul_seconds(specs, target_seconds: float = 0.05, repeats: int = 3) 
 
 # --- the worker process ---------------------------------------------------------------------
 def _serve(workdir: str) -> None:
-    """The reference as an `electra_tf.tools.row_worker` child: reads the inputs the benchmark saved."""
-    from electra_tf.tools import row_worker
+    """The reference as an `benchmarks.row_worker` child: reads the inputs the benchmark saved."""
+    from benchmarks import row_worker
 
     model_config, batches, setup = row_worker.load_inputs(workdir)
     step, per_call = torch_step(model_config, batches, setup.get("torch_threads"))

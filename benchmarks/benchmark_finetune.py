@@ -1,7 +1,7 @@
 """Wall time of back-to-back fine-tuning runs (the demo's six, the replication tool's dozens),
 split into where it goes, printed as a table.
 
-  python -m electra_tf.tools.benchmark_finetune [--init_checkpoint=DIR] [--vocab_file=vocab.txt]
+  python -m benchmarks.benchmark_finetune [--init_checkpoint=DIR] [--vocab_file=vocab.txt]
       [--seeds=3] [--epochs=1] [--train_examples=7684]
 
 Each seed fine-tunes the demo's encoder (`electra_tf.demo`: 4 layers, 128 wide, with the demo's

@@ -3,14 +3,14 @@
 Rows in one process disturb each other: with four pretraining models resident, a step that runs
 at 0.46 steps/s alone ran at 0.28, and PyTorch's step beside a warm TensorFlow runtime ran 5x
 slower (each framework's thread pool spins for a while after its work and steals the cores of
-the other). So every row of `tools/benchmark_pretrain.py` lives in a child process that builds
+the other). So every row of `benchmarks/benchmark_pretrain.py` lives in a child process that builds
 it, warms it up and then waits; the parent times the rows in interleaved rounds by asking each
 child in turn to run n steps, and reads each child's peak resident memory when it exits.
 
 Protocol: one command line in, one JSON line out.
   info         the row's description (dict)
   steps N      runs N steps; answers the last loss
-  matmul JSON  times the given `electra_tf.tools.matmul_bound` specs; answers seconds per product
+  matmul JSON  times the given `benchmarks.matmul_bound` specs; answers seconds per product
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 from typing import Callable
+
+from benchmarks import child_env
 
 
 class WorkerError(RuntimeError):
@@ -32,7 +34,7 @@ class Worker:
     def __init__(self, command: list[str], name: str, env: dict | None = None):
         self.name = name
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True, bufsize=1, env=env)
+                                         text=True, bufsize=1, env=child_env(env))
         self.peak_rss_mib = None
         self.info = self._ask("info")
 

@@ -1,8 +1,8 @@
 """Pretraining throughput on this machine: electra_tf's paths, the PyTorch reference, the matmul bound.
 
-  python -m electra_tf.tools.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
+  python -m benchmarks.benchmark_pretrain [--config=electra_small] [--batch_size=16] [--seq_length=128]
       [--rows=function,binary,binary_bf16,torch] [--steps=6] [--rounds=3] [--loss_steps=0]
-  python -m electra_tf.tools.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
+  python -m benchmarks.benchmark_pretrain --scaling=128,256,512      # the sequence-length table
 
 Rows (dropout on, the full objective):
   eager           `ElectraPretrainer.train_step` called eagerly, cycling over a few distinct
@@ -15,27 +15,27 @@ Rows (dropout on, the full objective):
                   summaries are excluded: they run every N steps and are I/O)
   binary_xla      the same with the replica step XLA-compiled
   binary_bf16     the binary path under `--mixed_precision=bfloat16` (Keras mixed_bfloat16)
-  model_garden    TF Model Garden's ElectraPretrainer step (`tools/model_garden_reference.py`), run
+  model_garden    TF Model Garden's ElectraPretrainer step (`benchmarks/model_garden_reference.py`), run
                   by the Python of a side venv with TF 2.20 given as --model_garden_python
-  torch           the Hugging Face PyTorch reference step (`tools/torch_reference.py`: generator
+  torch           the Hugging Face PyTorch reference step (`benchmarks/torch_reference.py`: generator
                   ElectraForMaskedLM body + tied head at the masked slots, Gumbel-max sampling,
                   ElectraForPreTraining, MLM + 50 x RTD, AdamW) on the same in-memory batches,
                   in a child process (needs `pip install -e .[anchors]`; skipped with the reason
                   otherwise)
 
-Every row runs in its own process (`tools/row_worker.py`: rows sharing a process slowed each
+Every row runs in its own process (`benchmarks/row_worker.py`: rows sharing a process slowed each
 other down), is built and warmed up first, then timed in `--rounds` interleaved rounds of `--steps`
 steps each (median reported), so the machine's drifts hit all rows alike; ratios between rows
 are what to quote, never absolute numbers from different runs.
 
-The matmul bound (`tools/matmul_bound.py`): every MatMul/BatchMatMul of the traced fp32 step,
+The matmul bound (`benchmarks/matmul_bound.py`): every MatMul/BatchMatMul of the traced fp32 step,
 forward and backward, with its shape, each timed alone with TensorFlow's kernels (and with
 PyTorch's when torch is installed); the bound is what the step would take if only its matmuls
 were left. "% bound" = bound / step time. The graph's matmul FLOPs are printed beside the
 analytic count of `electra_tf.models.flops` (they agree exactly for the default objective).
 
 `--loss_steps=50` also runs a fixed-seed trajectory of that many steps in fp32 and in each mixed
-precision of the rows (`tools/loss_trajectory.py`) and prints the loss difference.
+precision of the rows (`benchmarks/loss_trajectory.py`) and prints the loss difference.
 
 `--scaling=128,256,512` runs the binary path at each length with the same tokens per batch
 (batch = batch_size x seq_length / length) and prints steps/s,
@@ -55,6 +55,7 @@ import time
 
 from absl import app, flags, logging
 
+from benchmarks import child_env
 from electra_tf import cli
 from electra_tf.models.flops import training_flops_per_sequence
 
@@ -80,7 +81,7 @@ _SCALING = flags.DEFINE_list("scaling", [], "Sequence lengths for the scaling ta
 _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the results as JSON here.")
 _MODEL_GARDEN = flags.DEFINE_string(
     "model_garden_python", None, "Python of a side venv with TF 2.20 + tf-models-official (see "
-    "tools/model_garden_reference.py): adds the model_garden row.")
+    "benchmarks/model_garden_reference.py): adds the model_garden row.")
 _SERVE_ROW = flags.DEFINE_string("serve_row", None, "(internal) serve this row as a child process.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "(internal) the inputs of --serve_row.")
 
@@ -209,7 +210,7 @@ def matmul_bound(model_config, features, worker=None) -> dict:
     """The step's matmuls (from the traced fp32 bare step) timed alone with TF (and torch)."""
     import tensorflow as tf
 
-    from electra_tf.tools import matmul_bound as mb
+    from benchmarks import matmul_bound as mb
 
     model = _bare_model(model_config)
     counts = mb.step_matmuls(tf.function(model.train_step).get_concrete_function(features))
@@ -226,16 +227,16 @@ def matmul_bound(model_config, features, worker=None) -> dict:
 
 def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisions,
                     workdir: str) -> dict:
-    """Fixed-seed trajectories (`tools/loss_trajectory.py`, each in its own process): fp32 and
+    """Fixed-seed trajectories (`benchmarks/loss_trajectory.py`, each in its own process): fp32 and
     each mixed precision -> the per-step losses."""
     losses = {}
     for precision in ("none", *precisions):
         out = os.path.join(workdir, f"loss_{precision}.json")
         logging.info("loss trajectory, %d steps, mixed precision %s ...", steps, precision)
-        subprocess.run([sys.executable, "-m", "electra_tf.tools.loss_trajectory", f"--config={config_name}",
+        subprocess.run([sys.executable, "-m", "benchmarks.loss_trajectory", f"--config={config_name}",
                         f"--steps={steps}", f"--batch_size={batch}", f"--seq_length={seq}",
                         f"--mixed_precision={precision}", f"--out={out}"],
-                       check=True, stdout=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, env=child_env())
         with open(out) as f:
             losses[precision] = json.load(f)["losses"]
     return losses
@@ -244,7 +245,7 @@ def loss_comparison(config_name: str, steps: int, batch: int, seq: int, precisio
 def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     import tensorflow as tf
 
-    from electra_tf.tools import matmul_bound as mb
+    from benchmarks import matmul_bound as mb
 
     model_config, samples = measured["model_config"], measured["samples"]
     bound, tokens = measured.get("bound"), measured["tokens"]
@@ -322,10 +323,10 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
 
 
 def serve_row(row: str, workdir: str) -> None:
-    """The child side of one row (`--serve_row`): builds and serves it (`electra_tf.tools.row_worker`)."""
+    """The child side of one row (`--serve_row`): builds and serves it (`benchmarks.row_worker`)."""
     import tensorflow as tf
 
-    from electra_tf.tools import row_worker
+    from benchmarks import row_worker
 
     model_config, batches, setup = row_worker.load_inputs(workdir)
     batches = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
@@ -344,7 +345,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     import numpy as np
 
     from electra_tf.config import ElectraConfig
-    from electra_tf.tools import row_worker
+    from benchmarks import row_worker
 
     base_config = ElectraConfig.from_json(config_name)
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
@@ -360,7 +361,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
             logging.info("building and warming up row %s ...", row)
             env = None
             if row == "torch":
-                command = [sys.executable, "-m", "electra_tf.tools.torch_reference", workdir]
+                command = [sys.executable, "-m", "benchmarks.torch_reference", workdir]
             elif row == "model_garden":
                 # By file: the side venv has `electra_tf` on PYTHONPATH but no install of it.
                 command = [_MODEL_GARDEN.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -368,7 +369,7 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
                 env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
                     os.path.abspath(cli.__file__)))}
             else:
-                command = [sys.executable, "-m", "electra_tf.tools.benchmark_pretrain", f"--serve_row={row}",
+                command = [sys.executable, "-m", "benchmarks.benchmark_pretrain", f"--serve_row={row}",
                            f"--workdir={workdir}"]
             try:
                 workers[row] = row_worker.Worker(command, row, env)
@@ -438,12 +439,12 @@ def main(argv):
                              f"{', '.join(ROWS)} or all")
     skipped = {}
     if "model_garden" in rows and not _MODEL_GARDEN.value:
-        skipped["model_garden"] = "needs --model_garden_python (tools/model_garden_reference.py)"
+        skipped["model_garden"] = "needs --model_garden_python (benchmarks/model_garden_reference.py)"
     elif _MODEL_GARDEN.value and "model_garden" not in rows:
         rows = (*rows, "model_garden")
     rows = tuple(row for row in rows if row not in skipped)
     if "torch" in rows:
-        from electra_tf.tools.torch_reference import available
+        from benchmarks.torch_reference import available
 
         reason = available()
         if reason:

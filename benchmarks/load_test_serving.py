@@ -1,11 +1,11 @@
 """The REST server under load: a lone client's latency against N clients sending good and bad requests.
 
-  python -m electra_tf.tools.load_test_serving [--clients=8] [--seconds=60] [--bad_fraction=0.25] [--modes=unbatched,batched]
-  python -m electra_tf.tools.load_test_serving --server=127.0.0.1:8501 --model_name=electra --max_body_bytes=16777216
-  python -m electra_tf.tools.load_test_serving --phases=memory --memory_clients=4 --max_body_bytes=16777216 --modes=unbatched
+  python -m benchmarks.load_test_serving [--clients=8] [--seconds=60] [--bad_fraction=0.25] [--modes=unbatched,batched]
+  python -m benchmarks.load_test_serving --server=127.0.0.1:8501 --model_name=electra --max_body_bytes=16777216
+  python -m benchmarks.load_test_serving --phases=memory --memory_clients=4 --max_body_bytes=16777216 --modes=unbatched
 
-Without --server, the model is electra_tf.tools.benchmark_serving's ELECTRA-Small classifier
-(tools/serving_bench_model.py: random weights, raw-text `serving_default` tokenized in-graph,
+Without --server, the model is benchmarks.benchmark_serving's ELECTRA-Small classifier
+(benchmarks/serving_bench_model.py: random weights, raw-text `serving_default` tokenized in-graph,
 max_seq_length 128), or --model_base_path;
 for each of --modes an `electra-serve` child process is started on it (so that the clients here
 do not share the server's interpreter): `unbatched` (one model call per request, --model_threads
@@ -356,7 +356,7 @@ def main(argv):
     del argv
     import tensorflow as tf
 
-    from electra_tf.tools.serving_bench_model import export_small_classifier
+    from benchmarks.serving_bench_model import export_small_classifier
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_load_test_")
     from electra_tf.data import corpus

@@ -1,6 +1,6 @@
 """Throughput of the pretraining-data builder and reader, printed as a table.
 
-  python -m electra_tf.tools.benchmark_data [--vocab_file=vocab.txt] [--megabytes=8] [--read_seconds=5]
+  python -m benchmarks.benchmark_data [--vocab_file=vocab.txt] [--megabytes=8] [--read_seconds=5]
 
 Builder: the first --megabytes of the embedded IMDB corpus, built with 1 and with 2 worker
 processes (wall clock includes process start-up and TF import; "per process" is WordPieces over
