@@ -176,3 +176,19 @@ def test_every_config_objective_is_an_objective_object_and_the_pretrainer_asks_i
         assert (p.disc_auc is not None) == objective.detection_metrics, name
     with pytest.raises(ValueError, match="objective must be one of"):
         get_objective("electra_16")
+
+
+def test_electra_15_scores_the_discriminator_on_the_masked_positions_only():
+    """Paper Table 5, "ELECTRA 15%": the discriminator loss comes only from the ~15% of tokens
+    that were masked out (replaced or not); every other real token weighs 0."""
+    features = next(iter(repeated_corpus().batch(8)))
+    out = ElectraPretrainer(tiny_config(objective="electra_15"))(features)
+    is_masked = out["masked"].is_masked.numpy()
+    real = features["input_mask"].numpy() > 0
+    assert 0 < is_masked.sum() < real.sum()  # the two weightings differ on this batch
+    np.testing.assert_array_equal(out["disc_weights"].numpy(), is_masked.astype(np.int32))
+    labels = out["replaced_token_labels"].numpy().astype(np.float64)
+    logits = out["rtd_logits"].numpy().astype(np.float64)
+    losses = np.maximum(logits, 0) - logits * labels + np.log1p(np.exp(-np.abs(logits)))
+    np.testing.assert_allclose(out["disc_loss"], (losses * is_masked).sum() / is_masked.sum(),
+                               rtol=1e-5)
