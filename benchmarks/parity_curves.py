@@ -238,7 +238,7 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
             print(f"torch seed {seed}: step {step}/{recipe['steps']}, {rate:.2f} steps/s, "
                   f"ETA {eta / 60:.0f} min, mlm_loss {record['mlm_loss']:.3f}, disc_loss "
                   f"{record['disc_loss']:.4f}, disc_auc {record['disc_auc']:.3f}", flush=True)
-    (folder / "done").write_text(f"{step}\n")
+    files.write_text(folder / "done", f"{step}\n")
 
 
 def _copy_electra_tf_init(nets, config, seed: int) -> None:
@@ -325,7 +325,8 @@ def run(args) -> None:
         differ = sorted(k for k in set(recorded) | set(mine) if recorded.get(k) != mine.get(k))
         raise Failure(f"{out} holds runs of another recipe (differs in {', '.join(differ)}): "
                       "use another --output_dir")
-    recipe_file.write_text(json.dumps(mine, indent=1) + "\n")
+    # Atomic: two `run` commands started together (one side each) read it while it is written.
+    files.write_text(recipe_file, json.dumps(mine, indent=1) + "\n")
     seeds = [args.seed] if args.seed is not None else range(args.seeds)
     sides = [args.only] if args.only else SIDES
     pending = []
