@@ -54,7 +54,7 @@ def main(argv):
 
     from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.finetune import features as F
-    from electra_tf.finetune.task_data import SentenceExample
+    from electra_tf.finetune.examples import SentenceExample
     from electra_tf.serving.client import GrpcClient, RestClient
     from electra_tf.serving.server import ModelServer
     from benchmarks.serving_bench_model import export_small_classifier

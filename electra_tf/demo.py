@@ -347,12 +347,13 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
 
     from electra_tf.data.inputs import INPUT_KEYS
     from electra_tf.data.tokenizer import WordpieceTokenizer
-    from electra_tf.finetune import features, task_data
+    from electra_tf.finetune import features
+    from electra_tf.finetune.examples import SentenceExample
     from electra_tf.finetune.saving import load_finetuned
 
     head, model, vocab_file = load_finetuned(finetuned_dir)
     tok = WordpieceTokenizer(vocab_file, lower_case=model.lower_case)
-    examples = [task_data.SentenceExample(eid=i, text=s, label=0)
+    examples = [SentenceExample(eid=i, text=s, label=0)
                 for i, s in enumerate(sentences)]
     arrays = features.featurize_sentences(examples, tok, model.max_seq_length)
     logits = head({k: arrays[k] for k in INPUT_KEYS},

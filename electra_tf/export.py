@@ -90,8 +90,9 @@ from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.tokenizer import WORDPIECE_OPTIONS, WordpieceTokenizer
 from electra_tf import files
 from electra_tf.files import give_normal_mode
-from electra_tf.finetune.config import FinetunedModelConfig
+from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
+from electra_tf.finetune.tasks import takes_pairs
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
@@ -541,6 +542,8 @@ def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_fil
         model = FinetunedModelConfig.for_head(head, **model)
     if pair is not None:
         model = model.replace(text_pair=bool(pair))
+    elif model.text_pair is None:  # saved before `text_pair` was recorded: as its predefined task
+        model = model.replace(text_pair=takes_pairs(model.task))
     check_version(export_base, model_name, version)
     pre = ServingPreprocessor(vocab_file, model.max_seq_length, model.lower_case)
     archive = keras.export.ExportArchive()

@@ -36,8 +36,9 @@ DISCRIMINATOR_FOLDER = "discriminator"
 
 
 class RunFolderError(ValueError):
-    """model_dir cannot be resumed by this run (it holds another run, or no checkpoint of it reads
-    back); the message names the folder or file. Nothing in model_dir has been changed."""
+    """A run's model_dir cannot be used by this run: pretraining's holds another run, or no
+    checkpoint of it reads back; fine-tuning's holds a finished model of other settings (refused
+    unless `--overwrite`). The message names the folder or file. Nothing in it has been changed."""
 
 
 def is_run_folder(path) -> bool:

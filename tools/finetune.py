@@ -109,7 +109,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
     from electra_tf.config import ConfigError
-    from electra_tf.finetune.task_data import TaskDataError
+    from electra_tf.finetune.examples import TaskDataError
     from electra_tf.finetune.trainer import run_seeds, task_from_options
     from electra_tf.training.strategy import StrategyError, create_strategy
 

@@ -1,6 +1,7 @@
-"""The fine-tuning configs: `FinetuningConfig`, every fine-tuning hyperparameter with the
-original's default, and `FinetunedModelConfig`, the description of a fine-tuned model
-(`best/head_config.json`).
+"""The fine-tuning hyperparameters: `FinetuningConfig`, every one with the original's default, and
+`QAOptions`, the span-QA ones a fine-tuned QA model keeps for its exporter. The same idea one
+level up from `electra_tf/config.py` (the encoder's and pretraining's hyperparameters); the
+description of a fine-tuned model (`head_config.json`) is `saving.FinetunedModelConfig`.
 
 Defaults are the authors' `configure_finetuning.py` (google-research/electra): learning rate
 1e-4 (Small, Base) / 5e-5 (Large), layer-wise decay 0.8 / 0.8 / 0.9, weight decay 0.01, warmup
@@ -120,13 +121,8 @@ class FinetuningConfig(JsonConfig):
 
 
 # ---------------------------------------------------------------------------------------
-# The fine-tuned model's description: `best/head_config.json`.
+# What a span-QA model keeps for its exporter (`saving.FinetunedModelConfig.qa`).
 # ---------------------------------------------------------------------------------------
-
-FINETUNED_FORMAT = "electra_tf_finetuned"
-# 1: the family was called "kind" and `text_pair` was not recorded; 2: today's fields.
-FINETUNED_VERSIONS = (1, 2)
-
 
 @dataclasses.dataclass(frozen=True)
 class QAOptions(JsonConfig):
@@ -151,102 +147,3 @@ class QAOptions(JsonConfig):
     def of(cls, fc: FinetuningConfig, version_2: bool) -> "QAOptions":
         return cls(fc.max_query_length, fc.doc_stride, fc.n_best_size, fc.max_answer_length,
                    fc.null_score_diff_threshold, bool(version_2))
-
-
-@dataclasses.dataclass(frozen=True)
-class FinetunedModelConfig(JsonConfig):
-    """What a fine-tuned model is: `best/head_config.json`, written by `saving.save_finetuned`,
-    read by `saving.load_finetuned` and the exporter.
-
-    Args:
-      family: the task family (`families.FAMILIES`) whose head this is.
-      head: the head's class name in `heads.py`.
-      head_config: `head.get_config()`; `config` in it is the encoder's `ElectraConfig` dict.
-      max_seq_length: the fine-tuning sequence length (the exporter pads to it).
-      task: the task's name.
-      num_labels: classes of a classifier or tagger (0 otherwise).
-      label_names: the class names in id order, or None.
-      lower_case: inputs were lower-cased and accent-stripped (the vocabulary's casing; the
-        exporter's in-graph tokenizer follows it). Files without it: true.
-      text_pair: a sentence task's inputs are text pairs; None (files without it): unknown, the
-        exporter then asks the predefined task.
-      qa: a span-QA model's `QAOptions`, else None.
-      checkpoint, vocab: file names in the folder (`model`, `vocab.txt`).
-      epoch, metrics, seed: the epoch saved, its evaluation metrics, the run's seed.
-      format, version: "electra_tf_finetuned", and 2 (files of version 1 say "kind" for
-        "family"; they load).
-
-    Example:
-    >>> model = FinetunedModelConfig.from_json("ft/rt/best/head_config.json")
-    >>> model.family, model.label_names
-    ('classification', ('negative', 'positive'))
-    """
-
-    family: str
-    head: str
-    head_config: dict
-    max_seq_length: int
-    task: str | None = None
-    num_labels: int = 0
-    label_names: tuple[str, ...] | None = None
-    lower_case: bool = True
-    text_pair: bool | None = None
-    qa: QAOptions | None = None
-    checkpoint: str = "model"
-    vocab: str = "vocab.txt"
-    epoch: float | None = None
-    metrics: dict = dataclasses.field(default_factory=dict)
-    seed: int | None = None
-    format: str = FINETUNED_FORMAT
-    version: int = FINETUNED_VERSIONS[-1]
-
-    def __post_init__(self):
-        from electra_tf.finetune.families import FAMILIES
-
-        if self.format != FINETUNED_FORMAT:
-            raise ConfigError(f"FinetunedModelConfig.format: must be {FINETUNED_FORMAT!r} (got {self.format!r})")
-        check_field_types(self)
-        if self.version not in FINETUNED_VERSIONS:
-            raise ConfigError(f"FinetunedModelConfig.version: must be one of {FINETUNED_VERSIONS} "
-                              f"(got {self.version!r})")
-        if self.family not in FAMILIES:
-            raise ConfigError(f"FinetunedModelConfig.family: must be one of {tuple(FAMILIES)} "
-                              f"(got {self.family!r})")
-        if self.max_seq_length < 3:
-            raise ConfigError(f"FinetunedModelConfig.max_seq_length: must be >= 3 (got {self.max_seq_length!r})")
-        if self.label_names is not None:
-            if not isinstance(self.label_names, (list, tuple)) or not all(isinstance(n, str) for n in self.label_names):
-                raise ConfigError(f"FinetunedModelConfig.label_names: must be a list of strings or null "
-                                  f"(got {self.label_names!r})")
-            object.__setattr__(self, "label_names", tuple(self.label_names))
-            if self.num_labels and len(self.label_names) != self.num_labels:
-                raise ConfigError(f"FinetunedModelConfig.label_names: {len(self.label_names)} names for "
-                                  f"num_labels {self.num_labels}")
-        if self.qa is not None and not isinstance(self.qa, QAOptions):
-            raise ConfigError(f"FinetunedModelConfig.qa: must be a JSON object or null (got {self.qa!r})")
-
-    @classmethod
-    def for_head(cls, head, **fields) -> "FinetunedModelConfig":
-        """The description of a head (`heads.py`: its family, class, config and label count)
-        with the other fields given as keyword arguments ("kind", a version 1 key, is ignored:
-        the head knows its family)."""
-        fields.pop("kind", None)
-        described = {"family": head.family, "head": type(head).__name__,
-                     "head_config": head.get_config(), "num_labels": getattr(head, "num_labels", 0)}
-        return cls.from_dict({**fields, **described}, source=f"the {type(head).__name__} head")
-
-    @classmethod
-    def from_dict(cls, values, source: str = "head_config.json"):
-        """Also reads version 1 ("kind" for "family") and a nested "qa" object."""
-        if isinstance(values, dict):
-            values = dict(values)
-            if "kind" in values and "family" not in values:
-                values["family"] = values.pop("kind")
-            if isinstance(values.get("qa"), dict):
-                values["qa"] = QAOptions.from_dict(values["qa"], source=f"{source}: field 'qa'")
-        return super().from_dict(values, source=source)
-
-    def to_dict(self):
-        values = dataclasses.asdict(self)
-        values["label_names"] = None if self.label_names is None else list(self.label_names)
-        return values

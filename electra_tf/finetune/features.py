@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from electra_tf.data.inputs import INPUT_KEYS, pack_segments
-from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample
+from electra_tf.finetune.examples import QAExample, SentenceExample, TaggingExample
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""The GLUE benchmark's original TSV files, read by task name, and its test-set submission files.
+"""The GLUE benchmark's original TSV files, read by each task's layout, and its test-set submission
+files.
 
 The files are those the GLUE download script (`download_glue_data.py`) writes, one folder per
 task: `glue_data/MRPC/{train,dev,test}.tsv`, `glue_data/MNLI/{train,dev_matched,dev_mismatched,
 test_matched,test_mismatched}.tsv`, `glue_data/diagnostic/diagnostic.tsv` (AX). Columns are read
-by position, at the authors' positions (`finetune/classification/classification_tasks.py` of
+by position (each predefined task's `glue_files` in `tasks.TASKS`), at the authors' positions (`finetune/classification/classification_tasks.py` of
 google-research/electra), and the header is checked so a wrong file is named, not misread:
 
 | task  | folder | train / dev: text, pair, label             | test: text, pair | submission |
@@ -33,8 +34,8 @@ the GLUE files (`0`/`1` for CoLA, SST-2, MRPC, QQP, WNLI; `entailment`/`neutral`
 for MNLI and AX; `entailment`/`not_entailment` for QNLI and RTE) and floats for STS-B.
 
 Example:
-    files = glue_files(get_task("mrpc"), "glue_data/MRPC")   # train, dev and test paths
-    dev = read_glue_tsv(get_task("mrpc"), files.dev).examples
+    files = glue_files(tasks.get_task("mrpc"), "glue_data/MRPC")   # train, dev and test paths
+    dev = read_glue_tsv(tasks.get_task("mrpc"), files.dev["dev"]).examples
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ from pathlib import Path
 from typing import Sequence
 
 from electra_tf import files
-from electra_tf.finetune.task_data import SentenceExample, Task, TaskDataError, open_text
+from electra_tf.finetune.examples import SentenceExample, TaskDataError
+from electra_tf.finetune.readers import open_text
 
 _MAX_LOGGED = 5  # skipped rows named in the log (then "and N more")
 
@@ -85,68 +87,36 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class GlueTask:
-    """One GLUE task's files: layouts, label strings, file names, submission names."""
+    """One GLUE task's files: layouts, label strings, file names, submission names (each
+    predefined GLUE task's `tasks.Task.glue_files`, at the positions of the table above)."""
 
-    name: str  # our task name (task_data.predefined_tasks)
     folder: str  # the download script's folder name
     labeled: Layout  # train / dev
     test: Layout
     file_labels: tuple[str, ...] | None  # the files' label strings in our label-id order
     dev: tuple[tuple[str, str], ...] = (("dev", "dev.tsv"),)  # (eval set name, file)
     tests: tuple[tuple[str, str], ...] = ()  # (submission file, test file)
+    diagnostic: bool = False  # the model also predicts the diagnostic set (AX): MNLI
 
     def label_id(self, value: str) -> int:
         return self.file_labels.index(value)
 
 
-def _pair_task(name, folder, text, pair, label, file_labels, test_text=1, test_pair=2, **kwargs):
-    return GlueTask(name, folder, Layout(text, pair, label),
+def pair_files(folder, text, pair, label, file_labels, test_text=1, test_pair=2, **kwargs) -> GlueTask:
+    """The files of a pair task whose test files hold `index`, the text and the pair (the
+    submission file named after the folder)."""
+    return GlueTask(folder, Layout(text, pair, label),
                     Layout((test_text, text[1]), (test_pair, pair[1]), index=(0, "index")),
                     file_labels, tests=((f"{folder}.tsv", "test.tsv"),), **kwargs)
 
 
-_BINARY = ("0", "1")  # our label ids follow TFDS's names, whose order matches these strings
-_NLI = ("entailment", "not_entailment")
+BINARY = ("0", "1")  # our label ids follow TFDS's names, whose order matches these strings
+NLI = ("entailment", "not_entailment")
 
-GLUE_TASKS: dict[str, GlueTask] = {t.name: t for t in [
-    GlueTask("cola", "CoLA", Layout((3, None), label=(1, None), header=False),
-             Layout((1, "sentence"), index=(0, "index")), _BINARY, tests=(("CoLA.tsv", "test.tsv"),)),
-    GlueTask("sst-2", "SST-2", Layout((0, "sentence"), label=(1, "label")),
-             Layout((1, "sentence"), index=(0, "index")), _BINARY, tests=(("SST-2.tsv", "test.tsv"),)),
-    _pair_task("mrpc", "MRPC", (3, "#1 String"), (4, "#2 String"), (0, "Quality"), _BINARY,
-               test_text=3, test_pair=4),
-    _pair_task("sts-b", "STS-B", (-3, "sentence1"), (-2, "sentence2"), (-1, "score"), None,
-               test_text=-2, test_pair=-1),
-    GlueTask("qqp", "QQP", Layout((3, "question1"), (4, "question2"), (5, "is_duplicate")),
-             Layout((1, "question1"), (2, "question2"), index=(0, "id")), _BINARY,
-             tests=(("QQP.tsv", "test.tsv"),)),
-    GlueTask("mnli", "MNLI", Layout((8, "sentence1"), (9, "sentence2"), (-1, "gold_label")),
-             Layout((8, "sentence1"), (9, "sentence2"), index=(0, "index")),
-             ("entailment", "neutral", "contradiction"),
-             dev=(("dev", "dev_matched.tsv"), ("dev_mismatched", "dev_mismatched.tsv")),
-             tests=(("MNLI-m.tsv", "test_matched.tsv"), ("MNLI-mm.tsv", "test_mismatched.tsv"))),
-    _pair_task("qnli", "QNLI", (1, "question"), (2, "sentence"), (3, "label"), _NLI),
-    _pair_task("rte", "RTE", (1, "sentence1"), (2, "sentence2"), (3, "label"), _NLI),
-    _pair_task("wnli", "WNLI", (1, "sentence1"), (2, "sentence2"), (3, "label"), _BINARY),
-]}
 # The diagnostic set (AX): MNLI's labels, predicted by the MNLI model (the authors' "diagnostic"
 # split of their MNLI task).
 DIAGNOSTIC = Layout((1, "sentence1"), (2, "sentence2"), index=(0, "index"))
 DIAGNOSTIC_FILES = ("diagnostic.tsv", "AX.tsv", "../diagnostic/diagnostic.tsv", "../AX/AX.tsv")
-
-
-def glue_task(task: Task) -> GlueTask | None:
-    """The GLUE description of a predefined GLUE task, None for any other task (or a GLUE task
-    whose columns were changed, which then reads files by those columns)."""
-    from electra_tf.finetune.task_data import predefined_tasks
-
-    glue = GLUE_TASKS.get(task.name)
-    predefined = predefined_tasks().get(task.name)
-    if glue is None or predefined is None:
-        return None
-    same_columns = all(getattr(task, f) == getattr(predefined, f)
-                       for f in ("text_column", "text_pair_column", "label_column", "has_header"))
-    return glue if same_columns else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -184,7 +154,7 @@ def detect_layout(glue: GlueTask, row: Sequence[str]) -> Layout | None:
         return glue.labeled
     if glue.test.matches_header(row):
         return glue.test
-    if glue.name == "mnli" and DIAGNOSTIC.matches_header(row) and len(row) == 3:
+    if glue.diagnostic and DIAGNOSTIC.matches_header(row) and len(row) == 3:
         return DIAGNOSTIC
     if not glue.labeled.header and len(row) >= glue.labeled.min_fields:
         if row[glue.labeled.label[0]].strip() in glue.file_labels:  # CoLA: a data row, no header
@@ -192,13 +162,13 @@ def detect_layout(glue: GlueTask, row: Sequence[str]) -> Layout | None:
     return None
 
 
-def read_glue_tsv(task: Task, path, layout: Layout | None = None) -> GlueFile:
+def read_glue_tsv(task, path, layout: Layout | None = None) -> GlueFile:
     """Reads an original GLUE file of `task`, its layout told by its first row.
 
     Raises TaskDataError naming the file and line 1 when the first row is no layout of the task.
     """
     path = os.fspath(path)
-    glue = GLUE_TASKS[task.name]
+    glue = task.glue
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file (task {task.name!r})")
     if layout is None:
@@ -303,20 +273,20 @@ def task_folder(glue: GlueTask, data_dir) -> Path:
     """`data_dir` itself, or its sub-folder named as GLUE names the task (glue_data -> glue_data/MRPC)."""
     data_dir = Path(data_dir).expanduser()
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"{data_dir}: no such folder (--data_dir for task {glue.name!r})")
+        raise FileNotFoundError(f"{data_dir}: no such folder (--data_dir for GLUE's {glue.folder})")
     if not (data_dir / "train.tsv").exists() and (data_dir / glue.folder).is_dir():
         return data_dir / glue.folder
     return data_dir
 
 
-def glue_files(task: Task, data_dir) -> GlueFiles:
+def glue_files(task, data_dir) -> GlueFiles:
     """The GLUE files of `task` in `data_dir` (a `glue_data/<Task>` folder, or `glue_data`)."""
-    glue = GLUE_TASKS[task.name]
+    glue = task.glue
     folder = task_folder(glue, data_dir)
     train = folder / "train.tsv"
     dev = {name: folder / file for name, file in glue.dev if (folder / file).exists()}
     test = {name: folder / file for name, file in glue.tests if (folder / file).exists()}
-    if glue.name == "mnli":
+    if glue.diagnostic:
         found = [folder / f for f in DIAGNOSTIC_FILES if (folder / f).exists()]
         if found:
             test["AX.tsv"] = found[0].resolve()

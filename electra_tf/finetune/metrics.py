@@ -5,8 +5,8 @@ Span QA: `squad_v1_scores` and `squad_v2_scores` reproduce the official SQuAD ev
 scripts (answer normalisation, exact match, token F1, HasAns/NoAns splits, best threshold).
 Tagging: `tagging_accuracy` and `chunk_f1` (CoNLL `conlleval` chunk rules, BIO or BIOES).
 Multiple choice: `accuracy` of the chosen index.
-`TaskMetrics.for_task(name)` says which of these a task reports and which one selects the
-best checkpoint.
+`TaskMetrics` says which of these a task reports and which one selects the best checkpoint
+(each task's in `tasks.TASKS`; the named sets at the end of this module).
 
 Known differences from the original code (google-research/electra):
 - Its `F1Scorer` counts gold positives from the *predictions*, so its "F1" equals precision.
@@ -357,10 +357,10 @@ ARRAY_METRICS = {"accuracy": accuracy, "f1": f1, "mcc": matthews_corrcoef, "pear
 
 @dataclasses.dataclass(frozen=True)
 class TaskMetrics:
-    """The metrics a task reports and the "main" score used to pick the best checkpoint.
+    """The metrics a task reports and the "main" score used to pick the best checkpoint (a task's
+    `tasks.Task.metrics`).
 
     Args:
-      task: canonical task name.
       metrics: names of the metrics reported.
       main: metrics averaged into the main score (e.g. MRPC: F1 and accuracy).
       score: `score(labels, predictions, **kwargs)` -> {metric: value} for metrics computed
@@ -368,25 +368,14 @@ class TaskMetrics:
         and prediction arrays (`ARRAY_METRICS`).
 
     Example:
-      >>> m = TaskMetrics.for_task("mrpc")
-      >>> r = m.compute([1, 0, 1, 1], [1, 0, 0, 1])
-      >>> round(m.main_score(r), 2)  # (F1 80 + accuracy 75) / 2
+      >>> r = F1_ACCURACY.compute([1, 0, 1, 1], [1, 0, 0, 1])
+      >>> round(F1_ACCURACY.main_score(r), 2)  # (F1 80 + accuracy 75) / 2
       77.5
     """
 
-    task: str
     metrics: tuple[str, ...]
     main: tuple[str, ...]
     score: Callable[..., dict] | None = None
-
-    @classmethod
-    def for_task(cls, name: str) -> "TaskMetrics":
-        key = name.strip().lower()
-        key = _ALIASES.get(key, key)
-        if key not in _TASK_METRICS:
-            known = ", ".join(sorted(_TASK_METRICS))
-            raise ValueError(f"unknown task {name!r}: expected one of {known} (or an alias)")
-        return _TASK_METRICS[key]
 
     def compute(self, labels, predictions, **kwargs) -> dict[str, float]:
         """Every metric of the task plus "main".
@@ -406,38 +395,11 @@ class TaskMetrics:
         return float(np.mean([results[name] for name in self.main]))
 
 
-_TASK_METRICS = {
-    m.task: m
-    for m in [
-        TaskMetrics("cola", ("mcc", "accuracy"), ("mcc",)),
-        TaskMetrics("sst-2", ("accuracy",), ("accuracy",)),
-        TaskMetrics("mrpc", ("f1", "accuracy"), ("f1", "accuracy")),
-        TaskMetrics("sts-b", ("pearson", "spearman"), ("pearson", "spearman")),
-        TaskMetrics("qqp", ("f1", "accuracy"), ("f1", "accuracy")),
-        TaskMetrics("mnli", ("accuracy",), ("accuracy",)),
-        TaskMetrics("qnli", ("accuracy",), ("accuracy",)),
-        TaskMetrics("rte", ("accuracy",), ("accuracy",)),
-        TaskMetrics("wnli", ("accuracy",), ("accuracy",)),
-        # The paper's tables quote SQuAD exact match, so it selects the checkpoint.
-        TaskMetrics("squad1.1", ("exact_match", "f1"), ("exact_match",), _squad_v1),
-        TaskMetrics("squad2.0", ("exact", "f1"), ("exact",), _squad_v2),
-        # The generic task of each family (a custom task name falls back to its family's).
-        TaskMetrics("classification", ("accuracy",), ("accuracy",)),
-        TaskMetrics("regression", ("pearson", "spearman"), ("pearson", "spearman")),
-        TaskMetrics("tagging", ("accuracy", "chunk_f1"), ("chunk_f1",), tagging_scores),
-        TaskMetrics("multiple_choice", ("accuracy",), ("accuracy",)),
-        TaskMetrics("rotten_tomatoes", ("accuracy",), ("accuracy",)),
-    ]
-}
-_ALIASES = {
-    "sst2": "sst-2",
-    "stsb": "sts-b",
-    "mnli_matched": "mnli",
-    "squad": "squad2.0",  # the original's name for its v2.0 task
-    "squadv1": "squad1.1",
-    "squad/v1.1": "squad1.1",
-    "squad/v2.0": "squad2.0",
-    "chunk": "tagging",
-}
-_ALIASES.update({f"glue/{k.replace('-', '')}": k for k in ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")})
-
+# The metric sets of the predefined tasks (`tasks.TASKS`) and of the families' generic tasks.
+ACCURACY = TaskMetrics(("accuracy",), ("accuracy",))
+F1_ACCURACY = TaskMetrics(("f1", "accuracy"), ("f1", "accuracy"))  # MRPC, QQP
+MCC_ACCURACY = TaskMetrics(("mcc", "accuracy"), ("mcc",))  # CoLA
+CORRELATION = TaskMetrics(("pearson", "spearman"), ("pearson", "spearman"))  # STS-B, regression
+TAGGING = TaskMetrics(("accuracy", "chunk_f1"), ("chunk_f1",), tagging_scores)
+SQUAD_V1 = TaskMetrics(("exact_match", "f1"), ("exact_match",), _squad_v1)
+SQUAD_V2 = TaskMetrics(("exact", "f1"), ("exact",), _squad_v2)

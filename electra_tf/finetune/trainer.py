@@ -67,12 +67,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from electra_tf import files
+from electra_tf.run_folder import RunFolderError
 from electra_tf.config import ElectraConfig
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.finetune.config import FinetunedModelConfig, FinetuningConfig
+from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.families import FAMILIES, Features, TaskFamily, get_family
-from electra_tf.finetune.saving import describe_finetuned, save_finetuned
-from electra_tf.finetune.task_data import Task, data_files, get_task, infer_label_names, load_examples
+from electra_tf.finetune.saving import FinetunedModelConfig, describe_finetuned, save_finetuned
+from electra_tf.finetune.task_data import data_files, infer_label_names, load_examples
+from electra_tf.finetune.tasks import Task, generic_task, get_task
 from electra_tf.training import summaries
 
 
@@ -235,7 +237,7 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
     logbook.close()
     submission = _write_submissions(head, family, task, data.test_sets, best, fc, strategy, out, log)
     return out.write_results(published, dict(
-        task=task.name, seed=seed, main_metric=list(family.metrics(task).main),
+        task=task.name, seed=seed, main_metric=list(task.metrics.main),
         best_epoch=best.epoch, best=best.metrics, history=logbook.history,
         model_dir=str(out.path), best_model_dir=str(out.path / "best"),
         num_train_examples=len(data.train_examples), num_eval_examples=len(data.eval_sets["dev"].examples),
@@ -638,10 +640,6 @@ class _TrainingLog:
 # ---------------------------------------------------------------------------------------
 
 
-class RunFolderError(ValueError):
-    """`model_dir` holds a finished model of other settings (refused unless `overwrite`)."""
-
-
 @dataclasses.dataclass
 class _RunFolder:
     """`model_dir`: what a run writes there. Only the chief writes (multi-worker: the other
@@ -831,7 +829,7 @@ def task_from_options(name: str, *, text_column=None, text_pair_column=None, lab
     ("classification", "regression", "tagging", "qa", "multiple_choice") for local files, with
     column overrides."""
     key = name.strip().lower()
-    task = get_family(key).generic_task(version_2) if key in FAMILIES else get_task(name)
+    task = generic_task(key, version_2) if key in FAMILIES else get_task(name)
     changes = {k: v for k, v in (("text_column", text_column), ("text_pair_column", text_pair_column),
                                  ("label_column", label_column)) if v is not None}
     if not has_header:  # header-less TSV/CSV: columns are 0-based indices

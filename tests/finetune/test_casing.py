@@ -13,7 +13,8 @@ from electra_tf.data.casing import cased_tokens, checkpoint_lower_case, resolve_
 from electra_tf.data.tokenizer import WordpieceTokenizer, learn_vocab, write_vocab
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
-from electra_tf.finetune.task_data import SentenceExample, Task
+from electra_tf.finetune.tasks import Task
+from electra_tf.finetune.examples import SentenceExample
 from electra_tf.finetune.saving import load_finetuned
 from electra_tf.finetune.trainer import finetune
 from electra_tf.models import Discriminator

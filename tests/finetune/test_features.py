@@ -7,7 +7,7 @@ import pytest
 
 from electra_tf.finetune import features as F
 from electra_tf.finetune import metrics
-from electra_tf.finetune.task_data import QAAnswer, QAExample, SentenceExample, TaggingExample
+from electra_tf.finetune.examples import QAAnswer, QAExample, SentenceExample, TaggingExample
 
 
 def test_truncate_seq_pair_longest_first():

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 
 from electra_tf.finetune import glue
+from electra_tf.finetune import examples as ex
 from electra_tf.finetune import task_data as td
+from electra_tf.finetune import tasks
 
 REPO = Path(__file__).resolve().parents[2]
 MNLI_PARSES = "( ( a ) b )\t( c )\t(ROOT (S a))\t(ROOT (S c))"
@@ -132,7 +134,7 @@ def glue_data(tmp_path):
 
 
 def read(task, path):
-    return glue.read_glue_tsv(td.get_task(task), path)
+    return glue.read_glue_tsv(tasks.get_task(task), path)
 
 
 # (task, file, [(eid, text, pair, label id)], skipped lines)
@@ -171,7 +173,7 @@ def test_labeled_files_parse_as_the_authors_read_them(glue_data, task, file, exa
     assert [(e.eid, e.text, e.text_pair, e.label) for e in got.examples] == examples
     assert [int(loc.rsplit(":", 1)[1]) for loc, _ in got.skipped] == skipped
     # Reading by task name through the generic entry point gives the same examples.
-    assert td.read_file(td.get_task(task), glue_data / file) == got.examples
+    assert td.read_file(tasks.get_task(task), glue_data / file) == got.examples
 
 
 def test_label_ids_follow_our_label_names(glue_data):
@@ -180,8 +182,8 @@ def test_label_ids_follow_our_label_names(glue_data):
                              ("cola", "CoLA/train.tsv", "acceptable"), ("sst-2", "SST-2/train.tsv", "positive"),
                              ("qqp", "QQP/train.tsv", "duplicate")):
         first_positive = next(e for e in read(task, glue_data / file).examples
-                              if glue.GLUE_TASKS[task].file_labels[e.label] == "1")
-        assert td.get_task(task).label_names[first_positive.label] == name
+                              if tasks.get_task(task).glue.file_labels[e.label] == "1")
+        assert tasks.get_task(task).label_names[first_positive.label] == name
 
 
 def test_skipped_rows_are_named_in_the_log(glue_data, caplog):
@@ -222,20 +224,20 @@ def test_named_columns_still_parse_and_a_wrong_file_is_named(glue_data, tmp_path
     # A TSV with the task's own column names (as exported from TFDS) reads as before.
     own = tmp_path / "mrpc_named.tsv"
     own.write_text("sentence1\tsentence2\tlabel\nA b .\tC d .\tequivalent\nE .\tF .\t0\n")
-    assert [e.label for e in td.read_file(td.get_task("mrpc"), own)] == [1, 0]
+    assert [e.label for e in td.read_file(tasks.get_task("mrpc"), own)] == [1, 0]
     # SST-2's file given for MRPC: the message names the file, line 1 and both layouts.
-    with pytest.raises(td.TaskDataError) as info:
-        td.read_file(td.get_task("mrpc"), glue_data / "SST-2" / "train.tsv")
+    with pytest.raises(ex.TaskDataError) as info:
+        td.read_file(tasks.get_task("mrpc"), glue_data / "SST-2" / "train.tsv")
     message = str(info.value)
     assert message.startswith(f"{glue_data / 'SST-2' / 'train.tsv'}:1: neither the original GLUE MRPC layout")
     assert "'#1 String' at 3" in message and "['sentence', 'label']" in message
-    with pytest.raises(td.TaskDataError, match=r"CoLA/dev.tsv:1: not a GLUE MNLI file"):
+    with pytest.raises(ex.TaskDataError, match=r"CoLA/dev.tsv:1: not a GLUE MNLI file"):
         read("mnli", glue_data / "CoLA" / "dev.tsv")
 
 
 def test_data_files_find_each_task_by_name(glue_data):
     for folder, task in TASK_OF.items():
-        files = td.data_files(td.get_task(task), glue_data / folder)
+        files = td.data_files(tasks.get_task(task), glue_data / folder)
         assert Path(files.train) == glue_data / folder / "train.tsv"
         if task == "mnli":
             assert {k: Path(v).name for k, v in files.dev.items()} == {
@@ -246,19 +248,19 @@ def test_data_files_find_each_task_by_name(glue_data):
             assert list(files.dev) == ["dev"] and Path(files.dev["dev"]).name == "dev.tsv"
             assert {k: Path(v).name for k, v in files.test.items()} == {f"{folder}.tsv": "test.tsv"}
     # glue_data itself: the task's folder is found; explicit files win.
-    files = td.data_files(td.get_task("rte"), glue_data, eval_path=glue_data / "RTE" / "train.tsv")
+    files = td.data_files(tasks.get_task("rte"), glue_data, eval_path=glue_data / "RTE" / "train.tsv")
     assert Path(files.train) == glue_data / "RTE" / "train.tsv" and files.dev == {"dev": str(glue_data / "RTE" / "train.tsv")}
     (glue_data / "WNLI" / "dev.tsv").unlink()
     with pytest.raises(FileNotFoundError, match=r"WNLI: no evaluation file \(looked for train.tsv and dev.tsv\)"):
-        td.data_files(td.get_task("wnli"), glue_data / "WNLI")
+        td.data_files(tasks.get_task("wnli"), glue_data / "WNLI")
 
 
 def test_submission_format():
-    examples = [td.SentenceExample(7, "a"), td.SentenceExample(3, "b")]
-    assert glue.submission_lines(glue.GLUE_TASKS["mrpc"], examples, [1, 0]) == ["index\tprediction", "7\t1", "3\t0"]
-    assert glue.submission_lines(glue.GLUE_TASKS["mnli"], examples, [0, 2])[1:] == ["7\tentailment", "3\tcontradiction"]
-    assert glue.submission_lines(glue.GLUE_TASKS["qnli"], examples, np.array([1, 0]))[1:] == ["7\tnot_entailment", "3\tentailment"]
-    assert glue.submission_lines(glue.GLUE_TASKS["sts-b"], examples, np.array([3.25, 0.5], np.float32))[1:] == ["7\t3.25", "3\t0.5"]
+    examples = [ex.SentenceExample(7, "a"), ex.SentenceExample(3, "b")]
+    assert glue.submission_lines(tasks.get_task("mrpc").glue, examples, [1, 0]) == ["index\tprediction", "7\t1", "3\t0"]
+    assert glue.submission_lines(tasks.get_task("mnli").glue, examples, [0, 2])[1:] == ["7\tentailment", "3\tcontradiction"]
+    assert glue.submission_lines(tasks.get_task("qnli").glue, examples, np.array([1, 0]))[1:] == ["7\tnot_entailment", "3\tentailment"]
+    assert glue.submission_lines(tasks.get_task("sts-b").glue, examples, np.array([3.25, 0.5], np.float32))[1:] == ["7\t3.25", "3\t0.5"]
 
 
 # ---------------------------------------------------------------------------------------

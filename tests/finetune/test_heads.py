@@ -21,7 +21,8 @@ from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.heads import (
     SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger, answer_mask)
-from electra_tf.finetune.task_data import QAAnswer, QAExample, SentenceExample, TaggingExample, Task
+from electra_tf.finetune.tasks import Task
+from electra_tf.finetune.examples import QAAnswer, QAExample, SentenceExample, TaggingExample
 from electra_tf.finetune.families import Features
 from electra_tf.finetune.trainer import evaluate
 

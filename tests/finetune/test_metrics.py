@@ -5,6 +5,7 @@ import math
 import pytest
 
 from electra_tf.finetune import metrics
+from electra_tf.finetune.tasks import Task, generic_task, get_task
 
 
 def test_accuracy_and_binary_f1():
@@ -100,18 +101,24 @@ def test_squad_v2_has_ans_no_ans_and_thresholds():
 
 
 def test_task_metrics_main_scores():
-    mrpc = metrics.TaskMetrics.for_task("MRPC")
+    """Each task's metrics, found by its name or another name it has (`tasks.TASKS`); a custom
+    task takes its family's."""
+    mrpc = get_task("MRPC").metrics
     assert mrpc.compute([1, 0, 1, 1], [1, 0, 0, 1])["main"] == pytest.approx(77.5)
-    cola = metrics.TaskMetrics.for_task("cola")
+    cola = get_task("cola").metrics
     assert cola.compute([1, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 1])["main"] == pytest.approx(100 / 3)
-    stsb = metrics.TaskMetrics.for_task("stsb")
+    stsb = get_task("stsb").metrics
     r = stsb.compute([1, 2, 2, 3], [1, 3, 2, 4])
     assert r["main"] == pytest.approx((r["pearson"] + r["spearman"]) / 2)
-    assert metrics.TaskMetrics.for_task("glue/mnli").main == ("accuracy",)
-    tag = metrics.TaskMetrics.for_task("tagging").compute([["B-NP", "E-NP"]], [["B-NP", "E-NP"]])
+    assert get_task("glue/mnli").metrics.main == ("accuracy",)
+    tag = generic_task("tagging").metrics.compute([["B-NP", "E-NP"]], [["B-NP", "E-NP"]])
     assert tag["main"] == 100.0 and tag["accuracy"] == 100.0
-    squad = metrics.TaskMetrics.for_task("squad2.0").compute(_squad([("q", [])]), {"q": ""})
+    squad = get_task("squad2.0").metrics.compute(_squad([("q", [])]), {"q": ""})
     assert squad["main"] == 100.0
-    assert metrics.TaskMetrics.for_task("glue/wnli").main == ("accuracy",)  # GLUE's ninth task
+    assert generic_task("qa", version_2=True).metrics is get_task("squad").metrics
+    assert generic_task("qa").metrics is get_task("squad/v1.1").metrics
+    assert Task("my_sentiment", "classification").metrics.main == ("accuracy",)
+    assert Task("my_similarity", "regression").metrics is get_task("sts-b").metrics
+    assert get_task("glue/wnli").metrics.main == ("accuracy",)  # GLUE's ninth task
     with pytest.raises(ValueError, match="unknown task 'ax'"):
-        metrics.TaskMetrics.for_task("ax")  # the diagnostic set has no training data or metric here
+        get_task("ax")  # the diagnostic set has no training data or metric here

@@ -11,9 +11,11 @@ import pytest
 
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
-from electra_tf.finetune.families import ChoiceExample, get_family
+from electra_tf.finetune.families import get_family
+from electra_tf.finetune.examples import ChoiceExample
 from electra_tf.finetune.heads import MultipleChoiceClassifier
-from electra_tf.finetune.task_data import SentenceExample, TaskDataError, load_examples
+from electra_tf.finetune.task_data import load_examples
+from electra_tf.finetune.examples import SentenceExample, TaskDataError
 from electra_tf.finetune.saving import load_finetuned
 from electra_tf.finetune.trainer import finetune, task_from_options
 

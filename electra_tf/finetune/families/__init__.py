@@ -22,10 +22,10 @@ from electra_tf.finetune.families.base import (
 from electra_tf.finetune.families.sentence import SentenceClassification, SentenceRegression  # noqa: I001
 from electra_tf.finetune.families.tagging import TokenTagging
 from electra_tf.finetune.families.qa import SpanQuestionAnswering
-from electra_tf.finetune.families.multiple_choice import ChoiceExample, MultipleChoice
+from electra_tf.finetune.families.multiple_choice import MultipleChoice
 
 __all__ = [
-    "FAMILIES", "ChoiceExample", "Features", "MultipleChoice", "SentenceClassification",
+    "FAMILIES", "Features", "MultipleChoice", "SentenceClassification",
     "SentenceRegression", "SpanQuestionAnswering", "TaskFamily", "TokenTagging", "get_family",
     "register_family",
 ]

@@ -12,8 +12,9 @@ featurize, prediction module, scorer); so do we. A family owns, for every task o
 - the saved model: what `head_config.json` records beyond the common fields (`saved_fields`)
   and the exported SavedModel's text signature (`serving_signature`, `ids_shape`).
 
-A `Task` (`task_data.py`: name, labels, columns, splits) names its family; `FAMILIES` maps the
-name to the class. The fine-tuning loop (`trainer.py`) and the exporter (`export.py`)
+A `Task` (`tasks.py`: name, labels, columns, splits, metrics) names its family; `FAMILIES` maps
+the name to the class. Families take the task as an argument and import nothing above them
+(`examples.py`, `readers.py`, `glue.py`, `features.py`, `metrics.py`, `config.py`). The fine-tuning loop (`trainer.py`) and the exporter (`export.py`)
 call these methods and never ask which family they hold.
 
 Importing this package does not import Keras or TensorFlow (a `Task` checks its family here):
@@ -92,7 +93,9 @@ class TaskFamily:
       file_extensions: what `task_data.data_files` looks for (`train.<ext>`, `dev.<ext>`).
       has_label_names: its labels are a set of names (classification, tagging), read from the
         training file when the task does not list them.
-      generic_columns: column fields of its generic task (`task_from_options`).
+      generic_columns: column fields of its generic task (`tasks.generic_task`).
+      generic_scores: the metrics of a task of this family that defines none (its generic task
+        and custom tasks).
     """
 
     name: str = ""
@@ -100,17 +103,12 @@ class TaskFamily:
     file_extensions: tuple[str, ...] = (".tsv", ".csv", ".jsonl")
     has_label_names: bool = False
     generic_columns: dict = {}
+    generic_scores: TaskMetrics | None = None
 
     def __repr__(self):
         return f"{type(self).__name__}()"
 
     # --- data ----------------------------------------------------------------------------
-
-    def generic_task(self, version_2: bool = False):
-        """The generic task of this family, for local files (`electra-finetune --task=<name>`)."""
-        from electra_tf.finetune.task_data import Task
-
-        return Task(self.name, self.name, **self.generic_columns)
 
     def read_file(self, task, path: str) -> list:
         """Examples of a local file (it exists)."""
@@ -151,12 +149,9 @@ class TaskFamily:
 
     # --- evaluation ------------------------------------------------------------------------
 
-    def metrics(self, task) -> TaskMetrics:
-        """The task's metrics; a custom task takes its family's generic ones."""
-        try:
-            return TaskMetrics.for_task(task.name)
-        except ValueError:
-            return TaskMetrics.for_task(self.name)
+    def generic_metrics(self, task) -> TaskMetrics:
+        """The metrics of `task` when it defines none (`tasks.Task.metrics`)."""
+        return self.generic_scores
 
     def evaluate(self, task, data: Features, outputs: dict, fc) -> tuple[dict, Any]:
         """(metrics incl. "main", prediction records) from the head's numpy `outputs` on

@@ -17,37 +17,26 @@ float32 [B, C], `choice` int32 [B], `answer` string [B] (the chosen choice's tex
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 import numpy as np
 
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.finetune import features as F
-from electra_tf.finetune import task_data
+from electra_tf.finetune import metrics, readers
+from electra_tf.finetune.examples import ChoiceExample, SentenceExample, TaskDataError
 from electra_tf.finetune.families.base import Features, TaskFamily, register_family, softmax
-from electra_tf.finetune.task_data import SentenceExample, TaskDataError
-
-
-@dataclasses.dataclass(frozen=True)
-class ChoiceExample:
-    """A context with its choices and the index of the right one (None for unlabeled data)."""
-
-    eid: int
-    context: str
-    choices: tuple[str, ...]
-    label: int | None = None
 
 
 def _choices(loc: str, row, column) -> tuple[str, ...]:
-    value = task_data.field_value(loc, row, column)
+    value = readers.field_value(loc, row, column)
     if not isinstance(value, list) or len(value) < 2 or not all(isinstance(c, str) and c.strip() for c in value):
         raise TaskDataError(f"{loc}: field {column!r}: expected a list of at least two non-empty strings")
     return tuple(value)
 
 
 def _choice_label(loc: str, row, column, num_choices: int) -> int:
-    raw = task_data.raw_label(loc, row, column)
+    raw = readers.raw_label(loc, row, column)
     if not re.fullmatch(r"\d+", raw) or int(raw) >= num_choices:
         raise TaskDataError(f"{loc}: field {column!r}: label {raw!r} is not the index of one of "
                             f"the {num_choices} choices")
@@ -62,11 +51,12 @@ class MultipleChoice(TaskFamily):
     head = "MultipleChoiceClassifier"
     file_extensions = (".jsonl",)
     generic_columns = {"text_column": "context", "text_pair_column": "choices", "label_column": "label"}
+    generic_scores = metrics.ACCURACY
 
     def read_file(self, task, path):
         examples = []
-        for eid, (loc, row) in enumerate(task_data.jsonl_rows(path)):
-            context = task_data.text_field(loc, row, task.text_column)
+        for eid, (loc, row) in enumerate(readers.jsonl_rows(path)):
+            context = readers.text_field(loc, row, task.text_column)
             choices = _choices(loc, row, task.text_pair_column)
             examples.append(ChoiceExample(eid, context, choices,
                                           _choice_label(loc, row, task.label_column, len(choices))))
@@ -94,7 +84,7 @@ class MultipleChoice(TaskFamily):
         probabilities = softmax(outputs["logits"])  # padding choices get exp(-1000): 0
         predictions = probabilities.argmax(-1)
         labels = np.array([e.label for e in data.examples])
-        results = self.metrics(task).compute(labels, predictions)
+        results = task.metrics.compute(labels, predictions)
         records = [{"id": e.eid, "prediction": int(p), "label": e.label,
                     "probabilities": [round(float(x), 6) for x in row[: len(e.choices)]]}
                    for e, p, row in zip(data.examples, predictions, probabilities)]

@@ -13,10 +13,10 @@ from typing import Mapping
 
 from electra_tf import files
 from electra_tf.finetune import features as F
-from electra_tf.finetune import task_data
+from electra_tf.finetune import metrics, readers
+from electra_tf.finetune.config import QAOptions
+from electra_tf.finetune.examples import QAAnswer, QAExample
 from electra_tf.finetune.families.base import Features, TaskFamily, register_family, string_specs
-from electra_tf.finetune.metrics import TaskMetrics
-from electra_tf.finetune.task_data import QAAnswer, QAExample
 
 
 @register_family
@@ -29,23 +29,18 @@ class SpanQuestionAnswering(TaskFamily):
     head = "SpanQuestionAnswerer"
     file_extensions = (".json",)
 
-    def generic_task(self, version_2=False):
-        from electra_tf.finetune.task_data import Task
-
-        return Task(self.name, self.name, squad_v2=version_2)
-
     def read_file(self, task, path):
-        return task_data.read_squad_json(path, v2=task.squad_v2)
+        return readers.read_squad_json(path, v2=task.squad_v2)
 
     def example_from_tfds(self, task, eid, record):
         answers = record["answers"]
-        texts = [task_data.decode(t) for t in answers["text"]]
+        texts = [readers.decode(t) for t in answers["text"]]
         starts = [int(s) for s in answers["answer_start"]]
         is_impossible = bool(record.get("is_impossible", False)) if task.squad_v2 else False
         return QAExample(
-            qid=task_data.decode(record["id"]),
-            question=task_data.decode(record["question"]),
-            context=task_data.decode(record["context"]),
+            qid=readers.decode(record["id"]),
+            question=readers.decode(record["question"]),
+            context=readers.decode(record["context"]),
             answers=() if is_impossible else tuple(QAAnswer(t, s) for t, s in zip(texts, starts)),
             is_impossible=is_impossible,
         )
@@ -67,11 +62,8 @@ class SpanQuestionAnswering(TaskFamily):
 
     # --- evaluation ------------------------------------------------------------------------
 
-    def metrics(self, task):
-        try:
-            return TaskMetrics.for_task(task.name)
-        except ValueError:
-            return TaskMetrics.for_task("squad2.0" if task.squad_v2 else "squad1.1")
+    def generic_metrics(self, task):
+        return metrics.SQUAD_V2 if task.squad_v2 else metrics.SQUAD_V1
 
     def evaluate(self, task, data, outputs, fc):
         qa = F.postprocess_qa(
@@ -81,10 +73,10 @@ class SpanQuestionAnswering(TaskFamily):
             version_2=task.squad_v2, null_score_diff_threshold=fc.null_score_diff_threshold)
         gold = {e.qid: [a.text for a in e.answers] for e in data.examples}
         if task.squad_v2:  # thresholds best_non_null with the null odds, as the official script
-            results = self.metrics(task).compute(gold, qa.best_non_null, na_probs=qa.null_score_diff,
+            results = task.metrics.compute(gold, qa.best_non_null, na_probs=qa.null_score_diff,
                                                  na_prob_thresh=fc.null_score_diff_threshold)
         else:
-            results = self.metrics(task).compute(gold, qa.predictions)
+            results = task.metrics.compute(gold, qa.predictions)
         return results, qa
 
     def write_predictions(self, records, folder, stem):
@@ -100,16 +92,12 @@ class SpanQuestionAnswering(TaskFamily):
     # --- saved model and serving ------------------------------------------------------------
 
     def saved_fields(self, task, fc):
-        from electra_tf.finetune.config import QAOptions
-
         return {"qa": QAOptions.of(fc, version_2=task.squad_v2)}
 
     def ids_shape(self, model):
         return [None, model.max_seq_length]  # the head's top-k starts need S >= beam_size
 
     def serving_signature(self, head, model, pre):
-        from electra_tf.finetune.config import QAOptions
-
         options = model.qa or QAOptions()
         if options.version_2 and not getattr(head, "answerable_classifier", False):
             raise ValueError("a SQuAD 2.0 export needs the head's answerability classifier")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from electra_tf.finetune import features as F
-from electra_tf.finetune import glue, task_data
+from electra_tf.finetune import glue, metrics, readers
+from electra_tf.finetune.examples import SentenceExample, TaskDataError
 from electra_tf.finetune.families.base import (
     Features, TaskFamily, label_names, register_family, softmax, string_specs)
-from electra_tf.finetune.task_data import SentenceExample
 
 
 class SentenceFamily(TaskFamily):
@@ -22,7 +22,28 @@ class SentenceFamily(TaskFamily):
     prediction per example."""
 
     def read_file(self, task, path):
-        return task_data.read_sentence_file(task, path, self.row_label)
+        """Sentence (pair) examples of a CSV/TSV/JSONL file, or of an original GLUE TSV by the
+        task's layout (`glue.py`); `row_label` reads a row's label."""
+        if readers.extension(path) == ".tsv":
+            spec = task.glue
+            if spec is not None:  # the original GLUE files, by the task's layout (glue.py)
+                first = glue.first_row(path)
+                layout = glue.detect_layout(spec, first)
+                if layout is not None:
+                    return glue.read_glue_tsv(task, path, layout).examples
+                if not all(c in first for c in (task.text_column, task.text_pair_column, task.label_column)
+                           if c is not None):
+                    raise TaskDataError(
+                        f"{path}:1: neither the original GLUE {spec.folder} layout ({spec.labeled.describe()}"
+                        f" for train/dev, {spec.test.describe()} for test) nor the columns "
+                        f"{[c for c in (task.text_column, task.text_pair_column, task.label_column) if c]}"
+                        f"; the first row has {first[:12]}")
+        examples = []
+        for eid, (loc, row) in enumerate(readers.rows(task, path)):
+            text = readers.text_field(loc, row, task.text_column)
+            pair = readers.text_field(loc, row, task.text_pair_column) if task.text_pair_column is not None else None
+            examples.append(SentenceExample(eid, text, pair, self.row_label(task, loc, row)))
+        return examples
 
     def row_label(self, task, loc: str, row):
         """The label of a CSV/TSV/JSONL row."""
@@ -32,8 +53,8 @@ class SentenceFamily(TaskFamily):
         raise NotImplementedError
 
     def example_from_tfds(self, task, eid, record):
-        text = task_data.decode(record[task.text_column])
-        pair = task_data.decode(record[task.text_pair_column]) if task.text_pair_column is not None else None
+        text = readers.decode(record[task.text_column])
+        pair = readers.decode(record[task.text_pair_column]) if task.text_pair_column is not None else None
         return SentenceExample(eid, text, pair, self.tfds_label(record["label"]))
 
     def featurize(self, task, examples, tokenizer, fc, training):
@@ -47,7 +68,7 @@ class SentenceFamily(TaskFamily):
         raise NotImplementedError
 
     def write_submission(self, task, path, data, outputs):
-        return glue.write_submission(path, glue.GLUE_TASKS[task.name], data.examples,
+        return glue.write_submission(path, task.glue, data.examples,
                                      self.predictions(outputs))
 
     # --- saved model and serving ------------------------------------------------------------
@@ -56,15 +77,8 @@ class SentenceFamily(TaskFamily):
         return {"text_pair": task.text_pair_column is not None}
 
     def text_pair(self, model) -> bool:
-        """As recorded; a model saved before `text_pair` was: as the predefined task, else single."""
-        if model.text_pair is not None:
-            return model.text_pair
-        if not model.task:
-            return False
-        try:
-            return task_data.get_task(model.task).text_pair_column is not None
-        except ValueError:
-            return False
+        """As recorded (`export.export_head` fills it in for a model saved before it was)."""
+        return bool(model.text_pair)
 
     def served_outputs(self, head, model):
         """The head's outputs -> the text signature's outputs."""
@@ -104,18 +118,19 @@ class SentenceClassification(SentenceFamily):
     [B, num_labels], `label` string [B]."""
 
     name = "classification"
+    generic_scores = metrics.ACCURACY
     head = "SentenceClassifier"
     has_label_names = True
 
     def row_label(self, task, loc, row):
-        return task_data.class_label(task, loc, row)
+        return readers.class_label(task, loc, row)
 
     def tfds_label(self, value):
         label = int(value)
         return None if label < 0 else label  # GLUE test splits carry label -1
 
     def labels_in_file(self, task, path):
-        return {task_data.raw_label(loc, row, task.label_column) for loc, row in task_data.rows(task, path)}
+        return {readers.raw_label(loc, row, task.label_column) for loc, row in readers.rows(task, path)}
 
     def head_options(self, task, fc):
         return {"num_labels": task.num_labels, **super().head_options(task, fc)}
@@ -128,7 +143,7 @@ class SentenceClassification(SentenceFamily):
         probabilities = softmax(outputs["logits"])
         predictions = probabilities.argmax(-1)
         labels = np.array([e.label for e in data.examples])
-        results = self.metrics(task).compute(labels, predictions)
+        results = task.metrics.compute(labels, predictions)
         records = [{"id": e.eid, "prediction": names[p], "label": names[e.label],
                     "probabilities": [round(float(x), 6) for x in row]}
                    for e, p, row in zip(data.examples, predictions, probabilities)]
@@ -152,10 +167,11 @@ class SentenceRegression(SentenceFamily):
     `score` float32 [B]."""
 
     name = "regression"
+    generic_scores = metrics.CORRELATION
     head = "SentenceRegressor"
 
     def row_label(self, task, loc, row):
-        return task_data.regression_label(task, loc, row)
+        return readers.regression_label(task, loc, row)
 
     def tfds_label(self, value):
         return float(value)
@@ -166,7 +182,7 @@ class SentenceRegression(SentenceFamily):
     def evaluate(self, task, data, outputs, fc):
         predictions = outputs["predictions"]
         labels = np.array([e.label for e in data.examples], np.float64)
-        results = self.metrics(task).compute(labels, predictions)
+        results = task.metrics.compute(labels, predictions)
         records = [{"id": e.eid, "prediction": float(p), "label": float(e.label)}
                    for e, p in zip(data.examples, predictions)]
         return results, records

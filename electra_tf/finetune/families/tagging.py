@@ -8,11 +8,11 @@ when the tags are BIO / BIOES chunks and word accuracy otherwise.
 from __future__ import annotations
 
 from electra_tf.finetune import features as F
-from electra_tf.finetune import task_data
+from electra_tf.finetune import metrics, readers
+from electra_tf.finetune.examples import TaggingExample
 from electra_tf.finetune.families.base import (
     Features, TaskFamily, label_names, register_family, string_specs)
 from electra_tf.finetune.metrics import tagging_accuracy
-from electra_tf.finetune.task_data import TaggingExample
 
 
 def is_chunk_tag_set(names) -> bool:
@@ -31,13 +31,14 @@ class TokenTagging(TaskFamily):
     file_extensions = (".jsonl", ".txt", ".conll")
     has_label_names = True
     generic_columns = {"text_column": "tokens", "label_column": "labels"}
+    generic_scores = metrics.TAGGING
 
     def read_file(self, task, path):
-        return [TaggingExample(i, tuple(words), task_data.tag_ids(task, loc, tags))
-                for i, (loc, words, tags) in enumerate(task_data.tagged_sentences(task, path))]
+        return [TaggingExample(i, tuple(words), readers.tag_ids(task, loc, tags))
+                for i, (loc, words, tags) in enumerate(readers.tagged_sentences(task, path))]
 
     def labels_in_file(self, task, path):
-        return {tag for _, _, tags in task_data.tagged_sentences(task, path) for tag in tags}
+        return {tag for _, _, tags in readers.tagged_sentences(task, path) for tag in tags}
 
     def unlabeled(self, examples):
         return sum(1 for e in examples if e.labels is None)
@@ -61,7 +62,7 @@ class TokenTagging(TaskFamily):
         # Words cut off by max_seq_length are scored against the gold words that fit.
         gold = [[names[i] for i in e.labels[: len(w)]] for e, w in zip(data.examples, words)]
         if is_chunk_tag_set(names):
-            results = self.metrics(task).compute(gold, predicted)
+            results = task.metrics.compute(gold, predicted)
         else:  # chunk F1 needs BIOES/BIO tags; any other label set is scored by accuracy
             accuracy = tagging_accuracy(gold, predicted)
             results = {"accuracy": accuracy, "main": accuracy}
