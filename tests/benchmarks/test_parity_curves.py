@@ -111,6 +111,13 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
         == sorted((step, m) for step in range(2, 13, 2) for m in parity_curves.METRICS), text
     assert "intervals where electra_tf's mean lies in the reference's range (of 6)" in text
     assert "last quarter (steps 10..12)" in text
+    # A shorter table (--every=4: steps 4, 8 and the last, 12); the counts still over all six.
+    short = parity_curves.report(parity_curves.parse(
+        ["report", f"--output_dir={out}", "--markdown", "--every=4"]))
+    steps = {int(line.split("|")[1]) for line in short.splitlines()
+             if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
+    assert steps == {4, 8, 12}, short
+    assert short.splitlines()[-6:] == text.splitlines()[-6:]  # the counts and the last quarter
 
 
 @pytest.mark.slow  # one tiny run per side, ~40 s
