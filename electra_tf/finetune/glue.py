@@ -4,8 +4,9 @@ files.
 The files are those the GLUE download script (`download_glue_data.py`) writes, one folder per
 task: `glue_data/MRPC/{train,dev,test}.tsv`, `glue_data/MNLI/{train,dev_matched,dev_mismatched,
 test_matched,test_mismatched}.tsv`, `glue_data/diagnostic/diagnostic.tsv` (AX). Columns are read
-by position (each predefined task's `glue_files` in `tasks.TASKS`), at the authors' positions (`finetune/classification/classification_tasks.py` of
-google-research/electra), and the header is checked so a wrong file is named, not misread:
+by position (each predefined task's `glue_files` in `tasks.TASKS`), at the authors' positions
+(`finetune/classification/classification_tasks.py` of google-research/electra), and the header
+is checked so a wrong file is named, not misread:
 
 | task  | folder | train / dev: text, pair, label             | test: text, pair | submission |
 |-------|--------|--------------------------------------------|------------------|------------|
@@ -102,7 +103,8 @@ class GlueTask:
         return self.file_labels.index(value)
 
 
-def pair_files(folder, text, pair, label, file_labels, test_text=1, test_pair=2, **kwargs) -> GlueTask:
+def pair_files(folder, text, pair, label, file_labels, test_text=1, test_pair=2,
+               **kwargs) -> GlueTask:
     """The files of a pair task whose test files hold `index`, the text and the pair (the
     submission file named after the folder)."""
     return GlueTask(folder, Layout(text, pair, label),

@@ -321,3 +321,19 @@ def test_mnli_evaluates_both_dev_sets_and_writes_three_submissions(glue_data, tm
     assert all(p in labels for _, p in _submission(best / "submission" / "AX.tsv"))
     assert (best / "predictions_dev_mismatched.jsonl").exists()
     assert any("2 dev, 1 dev_mismatched, 1 test (MNLI-m.tsv)" in line for line in lines)
+
+
+def test_a_glue_task_with_other_columns_reads_a_tsv_by_those_columns(tmp_path):
+    """`Task.glue` is the original files' layout only while the task reads the columns it was
+    defined with: with other columns (`--text_column` ...), a TSV is read by its header names."""
+    import dataclasses
+
+    mrpc = tasks.get_task("mrpc")
+    assert mrpc.glue is not None and mrpc.glue.folder == "MRPC"
+    custom = dataclasses.replace(mrpc, text_column="a", text_pair_column="b", label_column="y")
+    assert custom.glue is None
+    path = tmp_path / "train.tsv"
+    path.write_text("a\tb\ty\none\ttwo\tequivalent\n")
+    assert td.read_file(custom, path) == [ex.SentenceExample(0, "one", "two", 1)]
+    with pytest.raises(ex.TaskDataError, match="neither the original GLUE MRPC layout"):
+        td.read_file(mrpc, path)

@@ -14,8 +14,9 @@ featurize, prediction module, scorer); so do we. A family owns, for every task o
 
 A `Task` (`tasks.py`: name, labels, columns, splits, metrics) names its family; `FAMILIES` maps
 the name to the class. Families take the task as an argument and import nothing above them
-(`examples.py`, `readers.py`, `glue.py`, `features.py`, `metrics.py`, `config.py`). The fine-tuning loop (`trainer.py`) and the exporter (`export.py`)
-call these methods and never ask which family they hold.
+(`examples.py`, `readers.py`, `glue.py`, `features.py`, `metrics.py`, `config.py`). The
+fine-tuning loop (`trainer.py`) and the exporter (`export.py`) call these methods and never ask
+which family they hold.
 
 Importing this package does not import Keras or TensorFlow (a `Task` checks its family here):
 the head class is looked up in `heads.py` when a head is built, TensorFlow is imported inside

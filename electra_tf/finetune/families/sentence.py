@@ -24,24 +24,25 @@ class SentenceFamily(TaskFamily):
     def read_file(self, task, path):
         """Sentence (pair) examples of a CSV/TSV/JSONL file, or of an original GLUE TSV by the
         task's layout (`glue.py`); `row_label` reads a row's label."""
-        if readers.extension(path) == ".tsv":
-            spec = task.glue
-            if spec is not None:  # the original GLUE files, by the task's layout (glue.py)
-                first = glue.first_row(path)
-                layout = glue.detect_layout(spec, first)
-                if layout is not None:
-                    return glue.read_glue_tsv(task, path, layout).examples
-                if not all(c in first for c in (task.text_column, task.text_pair_column, task.label_column)
-                           if c is not None):
-                    raise TaskDataError(
-                        f"{path}:1: neither the original GLUE {spec.folder} layout ({spec.labeled.describe()}"
-                        f" for train/dev, {spec.test.describe()} for test) nor the columns "
-                        f"{[c for c in (task.text_column, task.text_pair_column, task.label_column) if c]}"
-                        f"; the first row has {first[:12]}")
+        spec = task.glue
+        if spec is not None and readers.extension(path) == ".tsv":
+            # The original GLUE files, by the task's layout (glue.py), else the named columns.
+            first = glue.first_row(path)
+            layout = glue.detect_layout(spec, first)
+            if layout is not None:
+                return glue.read_glue_tsv(task, path, layout).examples
+            columns = [c for c in (task.text_column, task.text_pair_column, task.label_column)
+                       if c is not None]
+            if not all(c in first for c in columns):
+                raise TaskDataError(
+                    f"{path}:1: neither the original GLUE {spec.folder} layout "
+                    f"({spec.labeled.describe()} for train/dev, {spec.test.describe()} for test) "
+                    f"nor the columns {columns}; the first row has {first[:12]}")
         examples = []
+        pair_column = task.text_pair_column
         for eid, (loc, row) in enumerate(readers.rows(task, path)):
             text = readers.text_field(loc, row, task.text_column)
-            pair = readers.text_field(loc, row, task.text_pair_column) if task.text_pair_column is not None else None
+            pair = readers.text_field(loc, row, pair_column) if pair_column is not None else None
             examples.append(SentenceExample(eid, text, pair, self.row_label(task, loc, row)))
         return examples
 
