@@ -354,15 +354,17 @@ def _command(args, recipe: dict, side: str, seed: int) -> list[str]:
 _STEP_IN_LOG = re.compile(rb"step (\d+)/(\d+)")
 
 
-def _logged_step(log: Path) -> int:
-    """The last "step N/M" a run's log shows (both sides print them), 0 before the first."""
+def _logged_step(log: Path, since: int = 0, default: int = 0) -> int:
+    """The last "step N/M" a run's log shows after byte `since` (both sides print them; a resumed
+    run appends to the log of the run it resumes, whose last steps may be past the checkpoint it
+    resumes from), `default` before the first."""
     try:
         with open(log, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 20000))
+            f.seek(max(since, f.seek(0, 2) - 20000))
             found = _STEP_IN_LOG.findall(f.read())
     except OSError:
-        return 0
-    return int(found[-1][0]) if found else 0
+        return default
+    return int(found[-1][0]) if found else default
 
 
 def _saved_step(side: str, folder: Path) -> int:
@@ -383,7 +385,7 @@ def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
     env = dict(os.environ)
     if args.threads:  # TensorFlow's own variables: the binary has no thread flags
         env.update(TF_NUM_INTRAOP_THREADS=str(args.threads), TF_NUM_INTEROP_THREADS="1")
-    running: dict = {}  # Popen -> (side, seed, log, step at start)
+    running: dict = {}  # Popen -> (side, seed, log, step at start, log size at start)
     failed = []
     start, done_before, last_report = time.time(), 0, 0.0
     try:
@@ -397,31 +399,33 @@ def _train_all(args, recipe: dict, pending: list[tuple[str, int]]) -> None:
                 print(f"{side} seed {seed}: training from step {first} to {total} (log: {log})",
                       flush=True)
                 with open(log, "ab") as f:
+                    since = f.seek(0, 2)
                     process = subprocess.Popen(_command(args, recipe, side, seed), cwd=REPO,
                                                env=env, stdout=f, stderr=subprocess.STDOUT)
-                running[process] = (side, seed, log, first)
+                running[process] = (side, seed, log, first, since)
             time.sleep(1)
             for process in [p for p in running if p.poll() is not None]:
-                side, seed, log, first = running.pop(process)
-                done_before += max(0, _logged_step(log) - first)
+                side, seed, log, first, since = running.pop(process)
+                done_before += max(0, _logged_step(log, since, first) - first)
                 if process.returncode:
                     failed.append(f"{side} seed {seed} (exit code {process.returncode}, see {log})")
                 elif finished(args.output_dir, side, seed, total):
                     print(f"{side} seed {seed}: done", flush=True)
                 else:  # stopped by a SIGTERM of its own (each saves where it stopped)
-                    failed.append(f"{side} seed {seed} stopped at step {_logged_step(log)}")
+                    failed.append(f"{side} seed {seed} stopped at step "
+                                  f"{_logged_step(log, since, first)}")
             if time.time() - last_report >= args.report_seconds and running:
                 last_report = time.time()
-                steps = done_before + sum(max(0, _logged_step(log) - first)
-                                          for _, _, log, first in running.values())
-                left = sum(total - max(first, _logged_step(log))
-                           for _, _, log, first in running.values())
+                steps = done_before + sum(max(0, _logged_step(log, since, first) - first)
+                                          for _, _, log, first, since in running.values())
+                left = sum(total - _logged_step(log, since, first)
+                           for _, _, log, first, since in running.values())
                 left += sum(total - _saved_step(side, run_dir(args.output_dir, side, seed))
                             for side, seed in pending)
                 rate = steps / (time.time() - start)
                 eta = f"about {left / rate / 60:.0f} min left" if rate else "ETA after the first steps"
-                now = ", ".join(f"{side} seed {seed} at {_logged_step(log)}"
-                                for side, seed, log, _ in running.values())
+                now = ", ".join(f"{side} seed {seed} at {_logged_step(log, since, first)}"
+                                for side, seed, log, first, since in running.values())
                 print(f"{now}; {rate:.2f} steps/s in all, {eta}", flush=True)
     except KeyboardInterrupt:
         for process in running:  # electra-pretrain saves a checkpoint on SIGTERM
