@@ -13,8 +13,8 @@ a failed write (a full disk) leaves nothing behind and raises a one-line `Export
 Signatures (every input and output has the batch first). The text signature is the task
 family's (`finetune/families/`, `TaskFamily.serving_signature`); this module writes it:
 
-- `serving_default`: raw UTF-8 text in, tokenized and packed in-graph as `features.py` does it
-  for training (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
+- `serving_default`: raw UTF-8 text in, tokenized and packed in-graph by the same
+  `data.preprocessor.TextPreprocessor` that made the fine-tuning features (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
   fine-tuning `max_seq_length`; classification, regression and multiple choice pad only to the
   batch's longest row, which gives the same outputs for a fraction of the compute on short
   texts, see `SentenceFamily.serving_signature`):
@@ -32,7 +32,7 @@ family's (`finetune/families/`, `TaskFamily.serving_signature`); this module wri
     logit; `answer` is "" when it exceeds the fine-tuning `null_score_diff_threshold`, while
     `start` / `end` / `score` still describe the best span so a client can apply its own
     threshold). One window of `max_seq_length` tokens: a context longer than that is cut, and
-    `features.featurize_qa`'s sliding windows are not used (see `ServingPreprocessor.pack_qa`);
+    `features.featurize_qa`'s sliding windows are not used (see `TextPreprocessor.pack_qa`);
   - multiple choice: `context` [B], `choices` [B, C] ("" for no choice) -> `probabilities`
     float32 [B, C], `choice` int32 [B], `answer` string [B].
   QA and multiple choice have no `truncated` output (yet): a QA context is cut as said above.
@@ -56,16 +56,16 @@ lower-cases, NFD-decomposes and drops accents only when it is true, and otherwis
 as it came (after deleting control characters), so a cased vocabulary gets "Apple" and "apple"
 apart. The WordPiece op (`FastWordpieceTokenizer` with its pre-tokenizer) splits on whitespace
 and punctuation but never changes case; the case folding of TF Text's own normaliser
-(`FastBertNormalizer(lower_case_nfd_strip_accents=True)`) is not used (see `ServingTokenizer`).
+(`FastBertNormalizer(lower_case_nfd_strip_accents=True)`) is not used (`data/tokenizer.py`).
 The export report (`assets.extra/electra_export.json`) records `lower_case`.
 
 Custom ops: the export lists the non-core ops in the SavedModel's graph and its function library
 (`saved_model_ops`), looks each one up in `TF_TEXT_OP_INTRODUCED` and reports the oldest TF Serving
 release whose bundled TF Text has them all (`custom_op_report`). It prints the report and writes
 it to `VERSION/assets.extra/electra_export.json` (TF Serving ignores `assets.extra`). The
-tokenizer here is `WordpieceTokenizer` with its WordPiece step on `FastWordpieceTokenizer` alone:
+tokenizer is `WordpieceTokenizer`, whose WordPiece step is `FastWordpieceTokenizer` alone:
 `FastBertTokenizer` would add `FastBertNormalize` (TF Text 2.9), which only maps control
-characters to spaces, and our normalisation has already deleted them (`ServingTokenizer`).
+characters to spaces, and our normalisation has already deleted them (`data/tokenizer.py`).
 Pair truncation is plain TF (no `TFText>RoundRobinTrim`, TF Text 2.12). The result loads on TF
 Serving 2.11 and later as far as TF Text ops go; core TF ops are listed but not version-checked.
 
@@ -87,7 +87,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.data.tokenizer import WORDPIECE_OPTIONS, WordpieceTokenizer
+from electra_tf.data.preprocessor import TextPreprocessor
 from electra_tf import files
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
@@ -96,11 +96,6 @@ from electra_tf.finetune.tasks import takes_pairs
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
-# Python's str.split() whitespace: \s of RE2 is ASCII only, so list Python's set (str.isspace:
-# bidi classes WS/B/S and category Zs) explicitly; \p{Z} adds U+2028/2029, which split too.
-_SPLIT_WHITESPACE = r"[\t\n\x{0b}\x{0c}\r\x{1c}-\x{1f}\x{85}\p{Z}]+"
-# features._context_words (the original SQuAD reader): ASCII blanks and NARROW NO-BREAK SPACE.
-_CONTEXT_WHITESPACE = (" ", "\t", "\r", "\n", "\u202f")
 
 
 # ---------------------------------------------------------------------------------------
@@ -215,219 +210,16 @@ def custom_op_report(ops) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# In-graph text -> model inputs (what features.py does in Python).
-# ---------------------------------------------------------------------------------------
-
-
-class ServingTokenizer(WordpieceTokenizer):
-    """`WordpieceTokenizer` whose WordPiece step is `FastWordpieceTokenizer` (TF Text 2.7).
-
-    `FastBertTokenizer` = `FastBertNormalizer` + this; with `lower_case_nfd_strip_accents=False`
-    that normaliser only maps \\p{Cc}|\\p{Cf} to spaces (tensorflow/text
-    core/kernels/fast_bert_normalizer_model_builder.cc), and `normalize` has already deleted
-    every category-C character except tab/newline/CR, which the pre-tokenizer splits on anyway.
-    Dropping it keeps the ids and offsets and removes the one op TF Serving 2.11 lacks.
-    """
-
-    def __init__(self, vocab_file, lower_case: bool = True):
-        super().__init__(vocab_file, lower_case)
-        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(vocab=self.vocab, **WORDPIECE_OPTIONS)
-
-
-def _keep_first(ragged: tf.RaggedTensor, counts) -> tf.RaggedTensor:
-    """The first `counts[i]` items of row i of a [B, (n)] ragged tensor."""
-    lengths = ragged.row_lengths()
-    counts = tf.minimum(tf.cast(counts, lengths.dtype), lengths)
-    keep = tf.ragged.range(lengths).flat_values < tf.repeat(counts, lengths)
-    return tf.RaggedTensor.from_row_lengths(tf.boolean_mask(ragged.flat_values, keep), counts)
-
-
-def truncated_pair_lengths(len_a, len_b, budget):
-    """`features.truncate_seq_pair` in closed form: pop from the longer (B on ties) until
-    len_a + len_b <= budget. Returns the kept lengths."""
-    keep_a = tf.minimum(len_a, tf.maximum(budget - len_b, (budget + 1) // 2))
-    return keep_a, tf.minimum(len_b, budget - keep_a)
-
-
-class ServingPreprocessor(tf.Module):
-    """Raw text -> int32 `input_ids` / `input_mask` / `segment_ids` [B, max_seq_length] in-graph.
-
-    Gives the arrays of `features.featurize_sentences` / `featurize_tagging` / the first window
-    of `featurize_qa` for the same text, with core TF ops plus the tokenizer's TF Text ops.
-
-    Args:
-      vocab_file: the fine-tuning vocabulary (also saved as the asset `vocab.txt`).
-      max_seq_length: the fine-tuning sequence length.
-      lower_case: uncased normalisation (the fine-tuning tokenizer's).
-    """
-
-    def __init__(self, vocab_file: str, max_seq_length: int, lower_case: bool = True):
-        super().__init__(name="serving_preprocessor")
-        self.tokenizer = ServingTokenizer(vocab_file, lower_case)
-        self.max_seq_length = int(max_seq_length)
-        # id -> token, initialised from the vocab file: makes vocab.txt a SavedModel asset.
-        self.vocab_table = tf.lookup.StaticHashTable(
-            tf.lookup.TextFileInitializer(
-                os.fspath(vocab_file), tf.int64, tf.lookup.TextFileIndex.LINE_NUMBER,
-                tf.string, tf.lookup.TextFileIndex.WHOLE_LINE),
-            default_value="[UNK]")
-
-    # ---- layout ---------------------------------------------------------------------------
-
-    def _pack(self, first: tf.RaggedTensor, second: tf.RaggedTensor | None, pad_to_longest: bool = False) -> dict:
-        """[CLS] first [SEP] (second [SEP]), padded with [PAD] to max_seq_length, or with
-        `pad_to_longest` to the batch's longest row (callers cut rows to max_seq_length first)."""
-        batch = first.nrows()
-        tok = self.tokenizer
-
-        def column(value):  # [B, (1)]
-            return tf.RaggedTensor.from_tensor(tf.fill([batch, 1], tf.constant(value, tf.int64)))
-
-        ids = [column(tok.cls_id), first, column(tok.sep_id)]
-        segments = [tf.zeros_like(part) for part in ids]
-        if second is not None:
-            ids += [second, column(tok.sep_id)]
-            segments += [tf.ones_like(second), tf.ones_like(ids[-1])]
-        ids = tf.concat(ids, axis=1)
-        shape = [None, None if pad_to_longest else self.max_seq_length]
-        return {
-            "input_ids": tf.cast(ids.to_tensor(default_value=tok.pad_id, shape=shape), tf.int32),
-            "input_mask": tf.cast(tf.ones_like(ids).to_tensor(shape=shape), tf.int32),
-            "segment_ids": tf.cast(tf.concat(segments, axis=1).to_tensor(shape=shape), tf.int32),
-        }
-
-    # ---- sentence tasks -------------------------------------------------------------------
-
-    def pack_sentences(self, text, text_pair=None, pad_to_longest: bool = False) -> dict:
-        """`featurize_sentences`: tf.string [B] (and [B]) -> model inputs [B, max_seq_length],
-        or with `pad_to_longest` [B, S] where S is the longest packed row (at most
-        max_seq_length): the same arrays without the columns that are padding in every row."""
-        a = self.tokenizer.tokenize(text)
-        if text_pair is None:
-            return self._pack(_keep_first(a, self.max_seq_length - 2), None, pad_to_longest)
-        b = self.tokenizer.tokenize(text_pair)
-        keep_a, keep_b = truncated_pair_lengths(a.row_lengths(), b.row_lengths(),
-                                                tf.constant(self.max_seq_length - 3, tf.int64))
-        return self._pack(_keep_first(a, keep_a), _keep_first(b, keep_b), pad_to_longest)
-
-    def sentences_truncated(self, text, text_pair=None) -> tf.Tensor:
-        """bool [B]: `pack_sentences` cuts the text (with `text_pair`: the pair) to fit."""
-        pieces = self.tokenizer.tokenize(text).row_lengths()
-        if text_pair is None:
-            return pieces > self.max_seq_length - 2
-        return pieces + self.tokenizer.tokenize(text_pair).row_lengths() > self.max_seq_length - 3
-
-    # ---- tagging --------------------------------------------------------------------------
-
-    def _word_pieces(self, words: tf.Tensor, with_offsets: bool = False):
-        """Pieces per word [W, (P)], [UNK] for a word that normalises to nothing (as
-        `featurize_tagging` / `featurize_qa` do); with_offsets: also [start, end) bytes in the
-        word, the whole word for such an [UNK]."""
-        if with_offsets:
-            ids, starts, ends = self.tokenizer.tokenize_with_offsets(words)
-        else:
-            ids = self.tokenizer.tokenize(words)
-        lengths = ids.row_lengths()
-        counts = tf.where(tf.equal(lengths, 0), tf.ones_like(lengths), lengths)
-
-        def then(ragged, value):  # row + [value], then cut to `counts`
-            column = tf.RaggedTensor.from_tensor(tf.expand_dims(tf.cast(value, tf.int64), 1))
-            return _keep_first(tf.concat([ragged, column], axis=1), counts)
-
-        ids = then(ids, tf.fill([tf.size(words)], self.tokenizer.unk_id))
-        if not with_offsets:
-            return ids
-        return ids, then(starts, tf.zeros([tf.size(words)], tf.int64)), then(ends, tf.strings.length(words))
-
-    def pack_tagging(self, text) -> tuple[dict, tf.Tensor, tf.Tensor]:
-        """`featurize_tagging` on `text.split()`: returns (inputs, word_positions [B, W] of each
-        kept word's first piece, num_words [B])."""
-        words = tf.strings.split(tf.strings.regex_replace(text, _SPLIT_WHITESPACE, " "))  # [B, (W)]
-        pieces = self._word_pieces(words.flat_values)  # [W_total, (P)]
-        lengths = words.with_flat_values(pieces.row_lengths()).to_tensor()  # [B, W]
-        is_word = words.with_flat_values(tf.ones_like(words.flat_values, tf.bool)).to_tensor(False)
-        ends = tf.math.cumsum(lengths, axis=1)
-        fits = is_word & (ends <= self.max_seq_length - 2)  # a prefix: ends only grow
-        num_words = tf.reduce_sum(tf.cast(fits, tf.int32), axis=1)
-        kept_word = tf.ragged.boolean_mask(is_word & fits, is_word).flat_values  # per word of words
-        kept = tf.RaggedTensor.from_row_lengths(tf.ragged.boolean_mask(pieces, kept_word), tf.cast(num_words, tf.int64))
-        inputs = self._pack(kept.merge_dims(1, 2), None)
-        positions = tf.where(fits, ends - lengths + 1, 0)[:, : tf.reduce_max(tf.concat([num_words, [0]], 0))]
-        return inputs, tf.cast(positions, tf.int32), num_words
-
-    def words_truncated(self, text, num_words) -> tf.Tensor:
-        """bool [B]: `text` has more whitespace words than the `num_words` `pack_tagging` kept."""
-        words = tf.strings.split(tf.strings.regex_replace(text, _SPLIT_WHITESPACE, " "))  # [B, (W)]
-        return words.row_lengths() > tf.cast(num_words, tf.int64)
-
-    # ---- span QA --------------------------------------------------------------------------
-
-    def _context_pieces(self, context):
-        """Context pieces [B, (P)] with their [start, end) byte and character offsets, words
-        split like `features._context_words`."""
-        chars, char_bytes = tf.strings.unicode_split_with_offsets(context, "UTF-8")  # [B, (C)]
-        flat = chars.flat_values
-        is_space = tf.reduce_any(tf.equal(flat[:, None], tf.constant(_CONTEXT_WHITESPACE)), axis=1)
-        row = chars.value_rowids()
-        index_in_row = tf.range(tf.size(flat, out_type=tf.int64)) - tf.gather(chars.row_starts(), row)
-        previous_is_space = tf.concat([[True], is_space], 0)[:-1] | tf.equal(index_in_row, 0)
-        starts_word = ~is_space & previous_is_space
-        word_of_char = tf.math.cumsum(tf.cast(starts_word, tf.int64)) - 1
-        num_words = tf.reduce_sum(tf.cast(starts_word, tf.int64))
-        words = tf.strings.unsorted_segment_join(
-            tf.boolean_mask(flat, ~is_space), tf.boolean_mask(word_of_char, ~is_space), num_words)
-        word_row = tf.boolean_mask(row, starts_word)
-        word_byte = tf.boolean_mask(char_bytes.flat_values, starts_word)
-        ids, starts, ends = self._word_pieces(words, with_offsets=True)  # [W, (P)], bytes in the word
-        word_byte = tf.repeat(word_byte, ids.row_lengths())
-        words_per_row = tf.math.bincount(word_row, minlength=chars.nrows(), maxlength=chars.nrows(), dtype=tf.int64)
-
-        def by_row(per_word):  # [W, (P)] -> [B, (P)]
-            return tf.RaggedTensor.from_row_lengths(per_word, words_per_row).merge_dims(1, 2)
-
-        byte_start = by_row(starts.with_flat_values(starts.flat_values + word_byte))
-        byte_end = by_row(ends.with_flat_values(ends.flat_values + word_byte))
-        ids = by_row(ids)
-        # Byte offset -> number of characters before it (features: decode the bytes, count).
-        char_starts = char_bytes.to_tensor(default_value=tf.int64.max)  # [B, C]
-
-        def to_chars(offsets):
-            dense = tf.searchsorted(char_starts, offsets.to_tensor(), side="left", out_type=tf.int64)
-            return tf.RaggedTensor.from_tensor(dense, lengths=offsets.row_lengths())
-
-        return ids, byte_start, byte_end, to_chars(byte_start), to_chars(byte_end)
-
-    def pack_qa(self, question, context, max_query_length: int):
-        """The first window of `featurize_qa`: `[CLS] question [SEP] context [SEP]`, the question
-        cut to `max_query_length` pieces and the context to what is left of max_seq_length.
-        A longer context is cut (the Python path slides windows with a doc stride instead).
-
-        Returns (inputs, spans) with spans["byte_start" | "byte_end" | "char_start" |
-        "char_end"] int64 [B, max_seq_length] per kept context piece (-1 past them) and spans["doc_offset"] [B], the
-        position of the first context piece.
-        """
-        query = _keep_first(self.tokenizer.tokenize(question), max_query_length)
-        ids, byte_start, byte_end, char_start, char_end = self._context_pieces(context)
-        budget = self.max_seq_length - 3 - query.row_lengths()
-        kept = [_keep_first(r, budget) for r in (ids, byte_start, byte_end, char_start, char_end)]
-        # Fixed width: gathers at a piece index stay valid when the batch has no context at all.
-        spans = {name: r.to_tensor(default_value=-1, shape=[None, self.max_seq_length]) for name, r in
-                 zip(("byte_start", "byte_end", "char_start", "char_end"), kept[1:])}
-        spans["doc_offset"] = query.row_lengths() + 2
-        return self._pack(query, kept[0]), spans
-
-
-# ---------------------------------------------------------------------------------------
 # Signatures.
 # ---------------------------------------------------------------------------------------
 
 
-def _signatures(head, model: FinetunedModelConfig, pre: ServingPreprocessor) -> dict:
+def _signatures(head, description: FinetunedModelConfig, pre: TextPreprocessor) -> dict:
     """{name: (function, input specs)}: `serving_default`, the task family's text signature
     (`TaskFamily.serving_signature`) with `truncated` added where the family has it
     (`_with_truncated`), and `serve_ids`, the head on token ids checked to be in range."""
-    family = get_family(model.family)
-    ids_spec = [tf.TensorSpec(family.ids_shape(model), tf.int32, name=k) for k in INPUT_KEYS]
+    family = get_family(description.family)
+    ids_spec = [tf.TensorSpec(family.ids_shape(description), tf.int32, name=k) for k in INPUT_KEYS]
     config = head.config
 
     def serve_ids(input_ids, input_mask, segment_ids):
@@ -436,8 +228,8 @@ def _signatures(head, model: FinetunedModelConfig, pre: ServingPreprocessor) -> 
                       "segment_ids": tf.identity(segment_ids)}
         return dict(head(inputs, training=False))
 
-    text_fn, text_spec = family.serving_signature(head, model, pre)
-    return {"serving_default": _with_truncated(model.family, text_fn, text_spec, pre),
+    text_fn, text_spec = family.serving_signature(head, description, pre)
+    return {"serving_default": _with_truncated(description.family, text_fn, text_spec, pre),
             SERVE_IDS: (serve_ids, ids_spec)}
 
 
@@ -469,7 +261,7 @@ def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
     ]
 
 
-def _with_truncated(family: str, fn, spec, pre: "ServingPreprocessor"):
+def _with_truncated(family: str, fn, spec, pre: TextPreprocessor):
     """(fn, spec) of a text signature, with a `truncated` bool [B] output where the family has a
     simple one: classification and regression (the text, or the pair, had more pieces than fit
     max_seq_length and was cut, as the Electric `score` signature reports it) and tagging (words
@@ -513,7 +305,7 @@ def next_version(model_base: str) -> int:
     return max(versions, default=0) + 1
 
 
-def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_file: str,
+def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], vocab_file: str,
                 export_base: str, model_name: str, version: int | None = None,
                 pair: bool | None = None, ids_only: bool = False, verbose: bool = True) -> str:
     """Export a fine-tuning head (`heads.py`) described by its `FinetunedModelConfig`.
@@ -521,7 +313,7 @@ def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_fil
     Args:
       head: a built head (`SentenceClassifier`, `SentenceRegressor`, `TokenTagger`,
         `SpanQuestionAnswerer`, `MultipleChoiceClassifier`).
-      model: its `FinetunedModelConfig` (`saving.load_finetuned`), or a mapping of the fields
+      description: its `FinetunedModelConfig` (`saving.load_finetuned`), or a mapping of the fields
         that are not the head's (`max_seq_length`, `label_names`, `task`, `lower_case`, ...;
         `FinetunedModelConfig.for_head`).
       vocab_file: the vocabulary the head was fine-tuned with.
@@ -538,26 +330,26 @@ def export_head(head, model: FinetunedModelConfig | Mapping[str, Any], vocab_fil
     """
     import keras
 
-    if not isinstance(model, FinetunedModelConfig):
-        model = FinetunedModelConfig.for_head(head, **model)
+    if not isinstance(description, FinetunedModelConfig):
+        description = FinetunedModelConfig.for_head(head, **description)
     if pair is not None:
-        model = model.replace(text_pair=bool(pair))
-    elif model.text_pair is None:  # saved before `text_pair` was recorded: as its predefined task
-        model = model.replace(text_pair=takes_pairs(model.task))
+        description = description.replace(text_pair=bool(pair))
+    elif description.text_pair is None:  # saved before `text_pair` was recorded: as its predefined task
+        description = description.replace(text_pair=takes_pairs(description.task))
     check_version(export_base, model_name, version)
-    pre = ServingPreprocessor(vocab_file, model.max_seq_length, model.lower_case)
+    pre = TextPreprocessor.from_vocab(vocab_file, description.max_seq_length, description.lower_case)
     archive = keras.export.ExportArchive()
     archive.track(head)
     archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
-    signatures = _signatures(head, model, pre)
+    signatures = _signatures(head, description, pre)
     if ids_only:  # the first endpoint is also written as serving_default
         signatures = {SERVE_IDS: signatures[SERVE_IDS]}
     for name, (fn, spec) in signatures.items():
         archive.add_endpoint(name, fn, input_signature=spec)
-    report = {"model_name": model_name, "family": model.family, "task": model.task,
+    report = {"model_name": model_name, "family": description.family, "task": description.task,
               "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
-              "text_pair": get_family(model.family).text_pair(model), "ids_only": bool(ids_only),
-              "label_names": model.label_names}
+              "text_pair": get_family(description.family).text_pair(description), "ids_only": bool(ids_only),
+              "label_names": description.label_names}
     target = write_version(archive, report, export_base, model_name, version)
     if verbose:
         print(format_report(target, report))
@@ -731,6 +523,6 @@ def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
     from electra_tf.finetune.saving import load_finetuned
 
-    head, model, vocab_file = load_finetuned(model_dir_or_best)
-    return export_head(head, model, vocab_file, export_base, model_name, version=version, pair=pair,
+    head, description, vocab_file = load_finetuned(model_dir_or_best)
+    return export_head(head, description, vocab_file, export_base, model_name, version=version, pair=pair,
                        ids_only=ids_only, verbose=verbose)

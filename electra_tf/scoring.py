@@ -262,7 +262,7 @@ def progress_logger(every_seconds: float = 10.0, log_fn=None):
 def score_endpoint(discriminator, preprocessor):
     """(fn, input_signature) of a `score` signature: raw text in, Electric scores out.
 
-    `preprocessor` is a `electra_tf.export.ServingPreprocessor` (in-graph WordPiece; its
+    `preprocessor` is a `electra_tf.data.preprocessor.TextPreprocessor` (in-graph WordPiece; its
     max_seq_length bounds the pieces scored). Outputs: `score` float32 [B], `token_scores`
     float32 [B, S] (0 at [CLS], [SEP] and padding; S is the batch's longest packed row),
     `num_tokens` int32 [B] (pieces scored) and `truncated` bool [B] (the text had more pieces
@@ -300,8 +300,8 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
     """
     import keras
 
-    from electra_tf.export import (
-        ServingPreprocessor, check_version, format_report, write_version)
+    from electra_tf.data.preprocessor import TextPreprocessor
+    from electra_tf.export import check_version, format_report, write_version
 
     check_version(export_base, model_name, version)
     scorer = Scorer.from_checkpoint(checkpoint, lower_case=lower_case)
@@ -314,8 +314,7 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
     max_seq_length = max_seq_length or min(scorer.trained_length or 128, limit)
     if not 2 < max_seq_length <= limit:
         raise ScoringError(f"max_seq_length must be in (2, {limit}], got {max_seq_length}")
-    pre = ServingPreprocessor(scorer.tokenizer.vocab_file, max_seq_length,
-                              lower_case=scorer.tokenizer.lower_case)
+    pre = TextPreprocessor(scorer.tokenizer, max_seq_length)
     archive = keras.export.ExportArchive()
     archive.track(scorer.discriminator)
     archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)

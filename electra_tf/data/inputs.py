@@ -1,10 +1,10 @@
 """What the encoder reads: three int arrays of one length, laid out `[CLS] A [SEP] (B [SEP])`.
 
 `INPUT_KEYS` names them; the pretraining shards' tf.Example features carry the same names.
-`pack_segments` lays out one example from its token ids, for the pretraining shards
-(`pretraining_data.ExampleBuilder`) and the fine-tuning features (`finetune/features.py`). The
-exported SavedModel packs the same layout in-graph (`export.ServingPreprocessor`), and
-tests/serving/test_export.py holds it to these arrays.
+`pack_segments` lays out one example from its token ids, in plain Python, for the pretraining
+shards (`pretraining_data.ExampleBuilder`, in worker processes). Fine-tuning features and the
+exported SavedModel pack the same layout in-graph with one object
+(`data.preprocessor.TextPreprocessor`); tests/serving/test_export.py holds it to this function.
 
 Imports nothing heavy: the shard builder's worker processes use it.
 """

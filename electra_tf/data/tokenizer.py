@@ -3,13 +3,21 @@
 The normalisation is BERT uncased's (`model/tokenization.py` of the original code), done with TF
 string ops so it runs in graphs: delete U+FFFD and every category-C character (control, format,
 private use; tab/newline/CR are whitespace instead); with `lower_case`, lower-case, NFD and drop
-combining marks (Mn). Then tf-text's fused `FastBertTokenizer` splits on whitespace, punctuation
-and around CJK ideographs and applies greedy longest-match-first WordPiece with `##` pieces and
-`[UNK]` for words it cannot cover or that are over 100 bytes. No per-token Python.
+combining marks (Mn). Then tf-text's `FastWordpieceTokenizer` (TF Text 2.7) splits on whitespace,
+punctuation and around CJK ideographs and applies greedy longest-match-first WordPiece with `##`
+pieces and `[UNK]` for words it cannot cover or that are over 100 bytes. No per-token Python.
+The same op runs in pretraining data, fine-tuning features and exported SavedModels (which then
+load on TF Serving 2.11 and later, `export.custom_op_report`).
 
 tf-text's own BERT normaliser is not used: it applies NFKC case folding, so "…" becomes "...",
 "²" becomes "2" and "´" disappears, and it turns control characters into spaces where the
-original deletes them; ids would then differ from the released checkpoints' tokenizer. Remaining
+original deletes them; ids would then differ from the released checkpoints' tokenizer. Without
+case folding (`FastBertTokenizer(lower_case_nfd_strip_accents=False)`) it only maps \p{Cc}|\p{Cf}
+to spaces (tensorflow/text core/kernels/fast_bert_normalizer_model_builder.cc), and `normalize`
+has already deleted every category-C character but tab/newline/CR, which the pre-tokenizer
+splits on anyway: it would change no id or offset (53,539 IMDB reviews and noised copies with
+the BERT uncased vocabulary, cased and uncased: BUILD.md), cost a little time, and add the
+`FastBertNormalize` op (TF Text 2.9) that TF Serving 2.11 lacks, so it is left out. Remaining
 known differences from Python's `str.lower()`: Greek final sigma is not context-sensitive.
 
 `tokenize_with_offsets` normalises per character (slower, for fine-tuning features) so it can map
@@ -123,11 +131,9 @@ class WordpieceTokenizer(tf.Module):
         self.sep_id = self._token_to_id["[SEP]"]
         self.mask_id = self._token_to_id["[MASK]"]
         self.special_ids = frozenset(self._token_to_id[t] for t in SPECIAL_TOKENS)
-        # The fused normaliser + pretokeniser + WordPiece op; a tf.Module, tracked as a child.
-        self.tf_tokenizer = tf_text.FastBertTokenizer(
-            vocab=self.vocab, **WORDPIECE_OPTIONS,
-            lower_case_nfd_strip_accents=False,  # see the module docstring: we normalise
-        )
+        # Pre-tokenizer + WordPiece in one op (the module docstring says why not FastBertTokenizer);
+        # a tf.Module, tracked as a child.
+        self.tf_tokenizer = tf_text.FastWordpieceTokenizer(vocab=self.vocab, **WORDPIECE_OPTIONS)
 
     # ---- graph-friendly API -------------------------------------------------------------------
 

@@ -2,7 +2,11 @@
 
 Every input is `[CLS] A [SEP] (B [SEP])` with `segment_ids` 0 for the first part and 1 for the
 second, `input_mask` 1 on real tokens, padding ([PAD] in the ids, 0 in mask and segments) to
-`max_seq_length`: the three arrays `INPUT_KEYS`, what every head reads (`data/inputs.py`).
+`max_seq_length`: the three arrays `INPUT_KEYS`, what every head reads (`data/inputs.py`). The
+text is tokenized and packed by `data.preprocessor.TextPreprocessor`, in-graph over the whole
+batch: the exported SavedModel packs a request with the same object, so training and serving
+ids are equal by construction. What stays in Python here is per-example bookkeeping: labels,
+QA windows and answer positions.
 
 - Sentence tasks (`featurize_sentences`): pairs truncated longest-first as BERT/ELECTRA do;
   `label` int32 (class id) or float32 (regression).
@@ -14,8 +18,7 @@ second, `input_mask` 1 on real tokens, padding ([PAD] in the ids, 0 in mask and 
   `postprocess_qa` runs the ELECTRA/XLNet n-best span search over all windows of a question and
   returns answer text cut from the original context (plus the SQuAD 2.0 null decision).
 
-The tokenizer is `electra_tf.data.tokenizer.WordpieceTokenizer` (anything with `tokenize_words`,
-`cls_id`, `sep_id`, `pad_id`, `unk_id`; `tokenize_with_offsets` gives sub-word answer spans).
+The tokenizer is the fine-tuning vocabulary's `electra_tf.data.tokenizer.WordpieceTokenizer`.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from typing import Sequence
 
 import numpy as np
 
-from electra_tf.data.inputs import INPUT_KEYS, pack_segments
+import tensorflow as tf
+
+from electra_tf.data.inputs import INPUT_KEYS
+from electra_tf.data.preprocessor import TextPreprocessor
 from electra_tf.finetune.examples import QAExample, SentenceExample, TaggingExample
 
 
@@ -36,28 +42,16 @@ from electra_tf.finetune.examples import QAExample, SentenceExample, TaggingExam
 # ---------------------------------------------------------------------------------------
 
 
-def truncate_seq_pair(tokens_a: list, tokens_b: list, max_length: int) -> None:
-    """Drops tokens from the end of the longer list (of `tokens_b` on ties) until they fit, in place."""
-    while len(tokens_a) + len(tokens_b) > max_length:
-        (tokens_a if len(tokens_a) > len(tokens_b) else tokens_b).pop()
+# Rows per preprocessor call: bounds the memory of the in-graph batch on large training sets.
+_CHUNK = 4096
 
 
-def _encode_texts(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    # Whitespace words tokenized one by one give the same pieces as the whole text (BERT's basic
-    # tokenizer splits on whitespace first); one batched call keeps it fast.
-    words = [text.split() for text in texts]
-    flat = tokenizer.tokenize_words([w for ws in words for w in ws]) if any(words) else []
-    out, i = [], 0
-    for ws in words:
-        out.append([piece for pieces in flat[i:i + len(ws)] for piece in pieces])
-        i += len(ws)
-    return out
+def _numpy(inputs: dict) -> dict[str, np.ndarray]:
+    return {key: value.numpy() for key, value in inputs.items()}
 
 
-def _layout(tokenizer, first: list[int], second: list[int] | None, max_seq_length: int):
-    packed = pack_segments(first, second, max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
-                           tokenizer.pad_id)
-    return {key: np.array(values, np.int32) for key, values in zip(INPUT_KEYS, packed)}
+def _strings(texts: Sequence[str]) -> tf.Tensor:
+    return tf.constant(list(texts), tf.string, shape=[len(texts)])
 
 
 def _stack(features: list[dict]) -> dict[str, np.ndarray]:
@@ -78,16 +72,19 @@ def featurize_sentences(examples: Sequence[SentenceExample], tokenizer,
     `label` is float32 if any label is a float (regression), else int32; unlabeled examples
     get -1 (int) / NaN (float).
     """
-    firsts = _encode_texts(tokenizer, [e.text for e in examples])
-    seconds = _encode_texts(tokenizer, [e.text_pair or "" for e in examples])
-    features = []
-    for example, a, b in zip(examples, firsts, seconds):
-        if example.text_pair is not None:
-            truncate_seq_pair(a, b, max_seq_length - 3)  # [CLS] A [SEP] B [SEP]
-        else:
-            a, b = a[: max_seq_length - 2], None  # [CLS] A [SEP]
-        features.append(_layout(tokenizer, a, b, max_seq_length))
-    arrays = _stack(features)
+    if not examples:
+        raise ValueError("no examples to featurize")
+    pre = TextPreprocessor(tokenizer, max_seq_length)
+    arrays = {key: np.zeros([len(examples), max_seq_length], np.int32) for key in INPUT_KEYS}
+    pairs = np.array([e.text_pair is not None for e in examples])
+    for has_pair in (False, True):  # a batch packs one layout; a task may mix both
+        rows = np.flatnonzero(pairs == has_pair)
+        for start in range(0, len(rows), _CHUNK):
+            chunk = [examples[r] for r in rows[start:start + _CHUNK]]
+            packed = pre.pack_sentences(_strings([e.text for e in chunk]),
+                                        _strings([e.text_pair for e in chunk]) if has_pair else None)
+            for key, value in _numpy(packed).items():
+                arrays[key][rows[start:start + _CHUNK]] = value
     labels = [e.label for e in examples]
     if any(isinstance(y, float) for y in labels):
         arrays["label"] = np.array([np.nan if y is None else y for y in labels], np.float32)
@@ -113,27 +110,31 @@ def featurize_tagging(examples: Sequence[TaggingExample], tokenizer,
     Words that tokenize to nothing (e.g. a lone accent) become [UNK] so every word keeps a label.
     The original code gives tagging inputs segment id 1; we use 0 like every other single-text input.
     """
-    features = []
-    for example in examples:
-        pieces = [p or [tokenizer.unk_id] for p in tokenizer.tokenize_words(list(example.words))]
-        ids, positions = [], []
-        for word_pieces in pieces:
-            if 1 + len(ids) + len(word_pieces) + 1 > max_seq_length:
-                break
-            positions.append(1 + len(ids))
-            ids.extend(word_pieces)
-        f = _layout(tokenizer, ids, None, max_seq_length)
-        labels = np.zeros(max_seq_length, np.int32)
-        weights = np.zeros(max_seq_length, np.float32)
-        word_positions = np.zeros(max_seq_length, np.int32)
-        word_positions[: len(positions)] = positions
-        weights[positions] = 1.0
-        if example.labels is not None:
-            labels[positions] = example.labels[: len(positions)]
-        f.update(label_ids=labels, label_weights=weights, word_positions=word_positions,
-                 num_words=np.int32(len(positions)))
-        features.append(f)
-    return _stack(features)
+    if not examples:
+        raise ValueError("no examples to featurize")
+    pre = TextPreprocessor(tokenizer, max_seq_length)
+    n = len(examples)
+    arrays = {key: np.zeros([n, max_seq_length], np.int32) for key in INPUT_KEYS}
+    arrays.update(label_ids=np.zeros([n, max_seq_length], np.int32),
+                  label_weights=np.zeros([n, max_seq_length], np.float32),
+                  word_positions=np.zeros([n, max_seq_length], np.int32),
+                  num_words=np.zeros([n], np.int32))
+    for start in range(0, n, _CHUNK):
+        chunk = examples[start:start + _CHUNK]
+        words = tf.RaggedTensor.from_row_lengths(
+            _strings([w for e in chunk for w in e.words]), [len(e.words) for e in chunk])
+        inputs, positions, num_words = pre.pack_words(words)
+        for key, value in _numpy(inputs).items():
+            arrays[key][start:start + len(chunk)] = value
+        positions, num_words = positions.numpy(), num_words.numpy()
+        for i, example in enumerate(chunk):
+            row, kept = start + i, positions[i, :num_words[i]]
+            arrays["word_positions"][row, :len(kept)] = kept
+            arrays["label_weights"][row, kept] = 1.0
+            arrays["num_words"][row] = len(kept)
+            if example.labels is not None:
+                arrays["label_ids"][row, kept] = example.labels[:len(kept)]
+    return arrays
 
 
 def word_predictions(token_predictions, word_positions, num_words) -> list[np.ndarray]:
@@ -173,56 +174,6 @@ class QAWindow:
     is_impossible: bool = False
 
 
-def _is_whitespace(ch: str) -> bool:
-    return ch in " \t\r\n" or ord(ch) == 0x202F  # the original also splits on NARROW NO-BREAK SPACE
-
-
-def _context_words(context: str) -> tuple[list[str], list[int]]:
-    """Whitespace words of the context and each word's first character offset."""
-    words, starts = [], []
-    previous_is_space = True
-    for i, ch in enumerate(context):
-        if _is_whitespace(ch):
-            previous_is_space = True
-            continue
-        if previous_is_space:
-            words.append(ch)
-            starts.append(i)
-        else:
-            words[-1] += ch
-        previous_is_space = False
-    return words, starts
-
-
-def _pieces_with_char_spans(tokenizer, words: list[str], word_starts: list[int]):
-    """All context pieces with their word index and [start, end) characters in the context."""
-    spans = None
-    if hasattr(tokenizer, "tokenize_with_offsets") and words:
-        import tensorflow as tf
-
-        ids, starts, ends = tokenizer.tokenize_with_offsets(tf.constant(words))
-        ids, starts, ends = ids.to_list(), starts.to_list(), ends.to_list()
-        spans = []
-        for w, word in enumerate(words):
-            encoded = word.encode("utf-8")
-            to_char = lambda b: len(encoded[:b].decode("utf-8", "ignore"))  # byte -> char offset
-            spans.append([(word_starts[w] + to_char(s), word_starts[w] + to_char(e))
-                          for s, e in zip(starts[w], ends[w])])
-    else:
-        ids = tokenizer.tokenize_words(words)
-    piece_ids, piece_word, piece_start, piece_end = [], [], [], []
-    for w, word in enumerate(words):
-        word_span = (word_starts[w], word_starts[w] + len(word))
-        pieces = ids[w] or [tokenizer.unk_id]
-        word_spans = spans[w] if spans is not None and ids[w] else [word_span] * len(pieces)
-        for piece, (s, e) in zip(pieces, word_spans):
-            piece_ids.append(piece)
-            piece_word.append(w)
-            piece_start.append(s)
-            piece_end.append(e)
-    return piece_ids, piece_word, piece_start, piece_end
-
-
 def _max_context_window(windows: list[tuple[int, int]], position: int) -> int:
     """The window where `position` has the most context: max of min(left, right) + 0.01·length."""
     best, best_index = None, None
@@ -250,14 +201,16 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, *, max_seq_length: in
     `is_impossible` is the question's, in every window (as in the original); answerable training
     examples whose answer cannot be located in the pieces are skipped with a warning.
     """
-    questions = _encode_texts(tokenizer, [e.question for e in examples])
+    if not examples:
+        return []
+    pre = TextPreprocessor(tokenizer, max_seq_length)
+    queries, contexts = _qa_pieces(pre, examples, max_query_length)
     windows: list[QAWindow] = []
+    layouts = []  # (question pieces, context pieces) of each window, packed in one call below
     skipped = 0
-    for example_index, (example, query) in enumerate(zip(examples, questions)):
-        query = query[:max_query_length]
-        words, word_starts = _context_words(example.context)
-        pieces, piece_word, piece_start, piece_end = _pieces_with_char_spans(tokenizer, words, word_starts)
-
+    for example_index, (example, query, context) in enumerate(zip(examples, queries, contexts)):
+        pieces, piece_word = context["ids"], context["word"]
+        piece_start, piece_end = context["char_start"], context["char_end"]
         answer = None
         if is_training and not example.is_impossible:
             answer = _answer_pieces(example, piece_start, piece_end)
@@ -279,7 +232,6 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, *, max_seq_length: in
 
         doc_offset = len(query) + 2  # position of the first context piece
         for window_index, (start, length) in enumerate(spans):
-            layout = _layout(tokenizer, query, pieces[start:start + length], max_seq_length)
             to_word = np.full(max_seq_length, -1, np.int32)
             char_start = np.full(max_seq_length, -1, np.int32)
             char_end = np.full(max_seq_length, -1, np.int32)
@@ -299,14 +251,46 @@ def featurize_qa(examples: Sequence[QAExample], tokenizer, *, max_seq_length: in
                         end_position = answer[1] - start + doc_offset
                     elif drop_windows_without_answer:
                         continue
-            windows.append(QAWindow(example_index, example.qid, window_index, **layout,
+            layouts.append((query, pieces[start:start + length]))
+            empty = np.zeros(0, np.int32)  # the packed ids are filled in below
+            windows.append(QAWindow(example_index, example.qid, window_index, empty, empty, empty,
                                     token_to_word=to_word, token_char_start=char_start,
                                     token_char_end=char_end, token_is_max_context=max_context,
                                     start_position=start_position, end_position=end_position,
                                     is_impossible=example.is_impossible))
     if skipped:
         logging.warning("skipped %d training questions whose answer is not in the context pieces", skipped)
+    for start in range(0, len(windows), _CHUNK):
+        chunk = layouts[start:start + _CHUNK]
+        packed = _numpy(pre.pack(_ragged([q for q, _ in chunk]), _ragged([c for _, c in chunk])))
+        for i, window in enumerate(windows[start:start + _CHUNK]):
+            window.input_ids, window.input_mask, window.segment_ids = (
+                packed[key][i] for key in INPUT_KEYS)
     return windows
+
+
+def _ragged(rows: Sequence[np.ndarray]) -> tf.RaggedTensor:
+    lengths = [len(r) for r in rows]
+    flat = np.concatenate(rows) if sum(lengths) else np.zeros(0, np.int64)
+    return tf.RaggedTensor.from_row_lengths(tf.constant(flat, tf.int64), lengths)
+
+
+def _qa_pieces(pre: TextPreprocessor, examples: Sequence[QAExample], max_query_length: int):
+    """(question pieces, context pieces) per example: int64 arrays, and per context a dict of
+    "ids", "word", "char_start", "char_end" arrays (`TextPreprocessor.context_pieces`)."""
+    queries, contexts = [], []
+    for start in range(0, len(examples), _CHUNK):
+        chunk = examples[start:start + _CHUNK]
+        query = pre.query_pieces(_strings([e.question for e in chunk]), max_query_length)
+        context = pre.context_pieces(_strings([e.context for e in chunk]))
+        queries += _rows(query)
+        per_key = {key: _rows(context[key]) for key in ("ids", "word", "char_start", "char_end")}
+        contexts += [dict(zip(per_key, values)) for values in zip(*per_key.values())]
+    return queries, contexts
+
+
+def _rows(ragged: tf.RaggedTensor) -> list[np.ndarray]:
+    return np.split(ragged.flat_values.numpy(), ragged.row_splits.numpy()[1:-1])
 
 
 def _answer_pieces(example: QAExample, piece_start, piece_end) -> tuple[int, int] | None:

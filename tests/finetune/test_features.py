@@ -5,18 +5,16 @@ import re
 import numpy as np
 import pytest
 
+from electra_tf.data.preprocessor import truncated_pair_lengths
 from electra_tf.finetune import features as F
 from electra_tf.finetune import metrics
 from electra_tf.finetune.examples import QAAnswer, QAExample, SentenceExample, TaggingExample
 
 
-def test_truncate_seq_pair_longest_first():
-    a, b = list(range(10)), list(range(4))
-    F.truncate_seq_pair(a, b, 8)
-    assert (a, b) == ([0, 1, 2, 3], [0, 1, 2, 3])
-    a, b = list(range(5)), list(range(5))
-    F.truncate_seq_pair(a, b, 9)  # a tie trims the second text
-    assert (len(a), len(b)) == (5, 4)
+def test_pair_truncation_is_longest_first():
+    assert [int(n) for n in truncated_pair_lengths(10, 4, 8)] == [4, 4]
+    assert [int(n) for n in truncated_pair_lengths(5, 5, 9)] == [5, 4]  # a tie trims the second text
+    assert [int(n) for n in truncated_pair_lengths(2, 9, 8)] == [2, 6]
 
 
 def test_sentence_pair_layout_and_truncation(tokenizer):

@@ -30,6 +30,8 @@ from electra_tf.finetune.tasks import Task, get_task
 from electra_tf.finetune.examples import QAExample, SentenceExample, TaggingExample
 from electra_tf.finetune.saving import describe_finetuned, save_finetuned
 from electra_tf import export as E
+from electra_tf.data import preprocessor as P
+from tests import reference_packing as reference
 
 SEQ = 24
 QA_SEQ = 40
@@ -299,7 +301,7 @@ def fresh_process(cases, exports, tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------
-# In-graph preprocessing == features.py (fast, in-process).
+# The one preprocessor (training and serving) == the layout written out in Python (fast).
 # ---------------------------------------------------------------------------------------
 
 
@@ -308,71 +310,167 @@ def test_truncated_pair_lengths_match_truncate_seq_pair():
         for la in range(9):
             for lb in range(9):
                 a, b = list(range(la)), list(range(lb))
-                F.truncate_seq_pair(a, b, budget)
-                got = E.truncated_pair_lengths(tf.constant(la), tf.constant(lb), tf.constant(budget))
+                reference.truncate_seq_pair(a, b, budget)
+                got = P.truncated_pair_lengths(tf.constant(la), tf.constant(lb), tf.constant(budget))
                 assert [int(g) for g in got] == [len(a), len(b)], (la, lb, budget)
 
 
-def test_serving_tokenizer_equals_project_tokenizer(vocab_file, tokenizer):
-    texts = tf.constant(SENTENCES + TAGGING + ["ctrl\x00\x07chars\u200b, 日本語 e\u0301t\u00e9 ﬁ", "x" * 130])
-    serving = E.ServingTokenizer(vocab_file)
-    assert serving.tokenize(texts).to_list() == tokenizer.tokenize(texts).to_list()
-    for got, want in zip(serving.tokenize_with_offsets(texts), tokenizer.tokenize_with_offsets(texts)):
-        assert got.to_list() == want.to_list()
+def _assert_rows(got, want_rows, err_msg=""):
+    for k, key in enumerate(E.INPUT_KEYS):
+        np.testing.assert_array_equal(np.asarray(got[key]), np.array([w[k] for w in want_rows]),
+                                      err_msg=f"{key} {err_msg}")
 
 
-def test_pack_sentences_equals_featurize_sentences(vocab_file, tokenizer):
-    pre = E.ServingPreprocessor(vocab_file, 12)  # short: most pairs are truncated
-    examples = [SentenceExample(i, t, p, 0) for i, (t, p) in enumerate(zip(SENTENCES, PAIRS))]
-    want = F.featurize_sentences(examples, tokenizer, 12)
-    got = pre.pack_sentences(tf.constant(SENTENCES), tf.constant(PAIRS))
-    for key in E.INPUT_KEYS:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    want = F.featurize_sentences([SentenceExample(0, t) for t in SENTENCES], tokenizer, 12)
-    got = pre.pack_sentences(tf.constant(SENTENCES))
-    for key in E.INPUT_KEYS:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+def test_pack_sentences_equals_the_reference(tokenizer):
+    pre = P.TextPreprocessor(tokenizer, 12)  # short: most pairs are truncated
+    _assert_rows(pre.pack_sentences(tf.constant(SENTENCES), tf.constant(PAIRS)),
+                 [reference.sentence(tokenizer, t, p, 12) for t, p in zip(SENTENCES, PAIRS)])
+    _assert_rows(pre.pack_sentences(tf.constant(SENTENCES)),
+                 [reference.sentence(tokenizer, t, None, 12) for t in SENTENCES])
 
 
-def test_pack_sentences_to_the_longest_row(vocab_file, tokenizer):
-    """pad_to_longest: featurize_sentences' arrays without the columns that pad every row."""
-    pre = E.ServingPreprocessor(vocab_file, SEQ)
+def test_pack_sentences_to_the_longest_row(tokenizer):
+    """pad_to_longest: the fixed-width arrays without the columns that pad every row."""
+    pre = P.TextPreprocessor(tokenizer, SEQ)
     widths = []
     for texts, pairs in ((SENTENCES[:3], PAIRS[:3]), (SENTENCES[:3] + [LONG], PAIRS[:3] + [LONG])):
         for pair in (None, pairs):
-            examples = [SentenceExample(i, t, pair[i] if pair else None, 0) for i, t in enumerate(texts)]
-            want = F.featurize_sentences(examples, tokenizer, SEQ)
+            want = pre.pack_sentences(tf.constant(texts), tf.constant(pair) if pair else None)
             got = pre.pack_sentences(tf.constant(texts), tf.constant(pair) if pair else None, pad_to_longest=True)
-            width = int(want["input_mask"].sum(1).max())
+            width = int(np.asarray(want["input_mask"]).sum(1).max())
             for key in E.INPUT_KEYS:
-                np.testing.assert_array_equal(got[key], want[key][:, :width], err_msg=key)
+                np.testing.assert_array_equal(got[key], np.asarray(want[key])[:, :width], err_msg=key)
             widths.append(width)
     assert max(widths[:2]) < SEQ and widths[2:] == [SEQ, SEQ]
 
 
-def test_pack_tagging_equals_featurize_tagging(vocab_file, tokenizer):
-    pre = E.ServingPreprocessor(vocab_file, 12)
-    want = F.featurize_tagging([TaggingExample(i, tuple(t.split())) for i, t in enumerate(TAGGING)], tokenizer, 12)
+def test_pack_tagging_equals_the_reference(tokenizer):
+    pre = P.TextPreprocessor(tokenizer, 12)
     got, positions, num_words = pre.pack_tagging(tf.constant(TAGGING))
-    for key in E.INPUT_KEYS:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-    np.testing.assert_array_equal(num_words, want["num_words"])
-    np.testing.assert_array_equal(positions, want["word_positions"][:, : positions.shape[1]])
-    assert positions.shape[1] == want["num_words"].max()
+    want = [reference.tagging(tokenizer, t.split(), 12) for t in TAGGING]
+    _assert_rows(got, [packed for packed, _ in want])
+    assert np.asarray(num_words).tolist() == [len(p) for _, p in want]
+    assert np.asarray(positions).tolist() == [p + [0] * (positions.shape[1] - len(p)) for _, p in want]
+    assert positions.shape[1] == max(len(p) for _, p in want)
 
 
-def test_pack_qa_equals_first_window_of_featurize_qa(vocab_file, tokenizer):
-    pre = E.ServingPreprocessor(vocab_file, 20)  # the first context is cut: its first window
+def test_context_pieces_equal_the_reference(tokenizer):
+    contexts = [c for _, c in QA] + ["  lead  space é ́ naïve x y ", "日本語 ok"]
+    got = P.TextPreprocessor(tokenizer, 20).context_pieces(tf.constant(contexts))
+    for i, context in enumerate(contexts):
+        rows = [got[k][i].numpy().tolist() for k in ("ids", "word", "char_start", "char_end")]
+        assert list(zip(*rows)) == reference.context_pieces(tokenizer, context), context
+
+
+def test_pack_qa_equals_first_window_of_featurize_qa(tokenizer):
+    pre = P.TextPreprocessor(tokenizer, 20)  # the first context is cut: its first window
     examples = [QAExample(str(i), q, c) for i, (q, c) in enumerate(QA[:3])]
     windows = F.featurize_qa(examples, tokenizer, max_seq_length=20, max_query_length=4, doc_stride=4)
     first = {w.example_index: w for w in reversed(windows)}
     got, spans = pre.pack_qa(tf.constant([q for q, _ in QA[:3]]), tf.constant([c for _, c in QA[:3]]), 4)
     for i, window in first.items():
-        for key in E.INPUT_KEYS:
+        query = reference.pieces(tokenizer, QA[i][0])[:4]
+        context = [p for p, *_ in reference.context_pieces(tokenizer, QA[i][1])][: 20 - 3 - len(query)]
+        want = reference.pack_segments(query, context, 20, tokenizer.cls_id, tokenizer.sep_id)
+        for k, key in enumerate(E.INPUT_KEYS):
             np.testing.assert_array_equal(got[key][i], getattr(window, key), err_msg=key)
+            np.testing.assert_array_equal(got[key][i], want[k], err_msg=key)
         offset, n = int(spans["doc_offset"][i]), int((window.token_to_word >= 0).sum())
         np.testing.assert_array_equal(spans["char_start"][i, :n], window.token_char_start[offset:offset + n])
         np.testing.assert_array_equal(spans["char_end"][i, :n], window.token_char_end[offset:offset + n])
+
+
+# ---------------------------------------------------------------------------------------
+# Raw rows: the training input pipeline and the served signature see the same ids.
+# ---------------------------------------------------------------------------------------
+
+ONE_PIECE = ["movie", "film", "great", "bad", "good", "story", "actor", "plays", "long", "short", "it"]
+
+
+def _raw_rows(cased: bool) -> list[tuple[str, str]]:
+    """(text, text_pair) rows: pairs at the truncation limit (SEQ - 3 pieces) and one past it
+    (either side longer, and a tie), an empty second text, unicode the normalisation touches
+    (accents, a C1 control that glues words, CJK, emoji, NBSP, zero-width, ligature), spacing,
+    case."""
+    words = (ONE_PIECE * 3)
+    at, past = SEQ - 3, SEQ - 2
+    rows = [(" ".join(words[:11]), " ".join(words[11:at])),  # 11 + 10: exactly fits
+            (" ".join(words[:12]), " ".join(words[12:past])),  # 12 + 10: the first gives one
+            (" ".join(words[:9]), " ".join(words[9:past])),  # 9 + 13: the second gives one
+            (" ".join(words[:11]), " ".join(words[11:past])),  # 11 + 11: a tie, the second gives one
+            (" ".join(words[:30]), "it"),
+            ("Naïve CAFÉ\x85plays the\u00a0lead", "ﬁlm \u200bit is 日本語 \U0001F600 e\u0301"),
+            ("  The  Movie was GREAT!  ", "NOT a good film")]
+    if cased:
+        rows += [("The movie", "the Movie"), ("THE MOVIE", "The Movie")]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def cased_vocab_file(tmp_path_factory):
+    chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789éÉï"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *("##" + c for c in chars), *WORDS,
+             "The", "Movie", "GREAT", "NOT"]
+    path = tmp_path_factory.mktemp("cased_vocab") / "vocab.txt"
+    path.write_text("\n".join(dict.fromkeys(vocab)) + "\n", encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("cased", [False, True], ids=["uncased", "cased"])
+def test_raw_rows_train_and_serve_on_the_same_ids(cased, vocab_file, cased_vocab_file, tmp_path):
+    """Rows written to a TSV are read and featurized by the fine-tuning pipeline
+    (`load_examples` + the family's `featurize`, what the trainer calls); the ids equal the
+    layout written out in Python (tests/reference_packing.py). The same raw rows sent to the
+    exported model's `serving_default` in a fresh process answer exactly what `serve_ids`
+    answers for the training ids, row by row; the head's amplified random weights make any
+    one id, mask or segment more or less change a row's answer far beyond the tolerance, which
+    the control below checks for every row."""
+    from electra_tf.finetune.task_data import load_examples
+
+    vocab = cased_vocab_file if cased else vocab_file
+    tokenizer = WordpieceTokenizer(vocab, lower_case=not cased)
+    rows = _raw_rows(cased)
+    task = Task("rows", "classification", ("no", "yes"), text_column="a", text_pair_column="b")
+    data = tmp_path / "train.tsv"
+    data.write_text("a\tb\tlabel\n" + "".join(f"{a}\t{b}\tyes\n" for a, b in rows), encoding="utf-8")
+    examples = load_examples(task, "train", path=str(data))
+    assert len(examples) == len(rows)
+    fc = FinetuningConfig(max_seq_length=SEQ)
+    train = get_family("classification").featurize(task, examples, tokenizer, fc, training=True).arrays
+    want = [reference.sentence(tokenizer, e.text, e.text_pair, SEQ) for e in examples]
+    for k, key in enumerate(E.INPUT_KEYS):
+        np.testing.assert_array_equal(train[key], np.array([w[k] for w in want]), err_msg=key)
+    mask = train["input_mask"]
+    assert mask[0].sum() == SEQ and mask[1:4].sum(1).tolist() == [SEQ] * 3  # the limit, and cut to it
+    if cased:  # the vocabulary's casing reaches the ids
+        assert (train["input_ids"][-2] != train["input_ids"][-1]).any()
+
+    config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
+    head = SentenceClassifier(config, num_labels=2)
+    _amplify(head, 7)
+    folder = tmp_path / "model"
+    save_finetuned(head, folder / "best", describe_finetuned(head, task, fc, lower_case=not cased), vocab)
+    path = E.export_finetuned(str(folder), str(tmp_path / "export"), "rows", verbose=False)
+    # Control: each row with its last real token dropped (one id, its mask and segment).
+    probe = {key: train[key].copy() for key in E.INPUT_KEYS}
+    last = probe["input_mask"].sum(1) - 1
+    for key, value in (("input_ids", tokenizer.pad_id), ("input_mask", 0), ("segment_ids", 0)):
+        probe[key][np.arange(len(rows)), last] = value
+    texts = [e.text for e in examples]
+    pairs = [e.text_pair for e in examples]
+    request = {"rows": {"path": path, "signatures": {
+        "serving_default": {"text": texts, "text_pair": pairs},
+        "serve_ids": {k: train[k].tolist() for k in E.INPUT_KEYS}}},
+        "probe": {"path": path, "signatures": {"serve_ids": {k: probe[k].tolist() for k in E.INPUT_KEYS}}}}
+    result = _load_in_fresh_process(tmp_path, request)["models"]
+    served = np.array(result["rows"]["serving_default"]["probabilities"])
+    trained = np.array(result["rows"]["serve_ids"]["logits"])
+    trained = np.exp(trained - trained.max(-1, keepdims=True))
+    trained /= trained.sum(-1, keepdims=True)
+    np.testing.assert_allclose(served, trained, atol=1e-6)
+    probed = np.array(result["probe"]["serve_ids"]["logits"])
+    moved = np.abs(np.array(result["rows"]["serve_ids"]["logits"]) - probed).max(-1)
+    assert (moved > 1e-3).all(), moved  # one token less shows in every row's answer
 
 
 # ---------------------------------------------------------------------------------------

@@ -178,26 +178,26 @@ class TaskFamily:
         """`FinetunedModelConfig` fields of this family beyond the common ones."""
         return {}
 
-    def text_pair(self, model) -> bool:
+    def text_pair(self, description) -> bool:
         """Whether the text signature takes a second text (sentence pair tasks)."""
         return False
 
-    def ids_shape(self, model) -> list:
+    def ids_shape(self, description) -> list:
         """Shape of the int32 inputs of the `serve_ids` signature."""
         return [None, None]  # [batch, seq]
 
-    def serving_signature(self, head, model, pre):
+    def serving_signature(self, head, description, pre):
         """(function, input specs) of the SavedModel's `serving_default`: raw text in, packed
-        by `pre` (`export.ServingPreprocessor`) as `featurize` packs it.
+        by `pre` (`data.preprocessor.TextPreprocessor`), which also packed `featurize`'s arrays.
 
-        `model` is the `config.FinetunedModelConfig`. The function must be named `serve_text`
-        (tests read its traced graph by that name)."""
+        `description` is the fine-tuned model's `saving.FinetunedModelConfig`. The function
+        must be named `serve_text` (tests read its traced graph by that name)."""
         raise NotImplementedError
 
 
-def label_names(model, head) -> list[str]:
+def label_names(description, head) -> list[str]:
     """The class names a served model answers with: the recorded label names, else "0", "1", ..."""
-    names = model.label_names or [str(i) for i in range(head.num_labels)]
+    names = description.label_names or [str(i) for i in range(head.num_labels)]
     if len(names) != head.num_labels:
         raise ValueError(f"head_config.json: {len(names)} label_names for a head with "
                          f"{head.num_labels} labels")

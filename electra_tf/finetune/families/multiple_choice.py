@@ -90,10 +90,10 @@ class MultipleChoice(TaskFamily):
                    for e, p, row in zip(data.examples, predictions, probabilities)]
         return results, records
 
-    def ids_shape(self, model):
+    def ids_shape(self, description):
         return [None, None, None]  # [batch, choices, seq]
 
-    def serving_signature(self, head, model, pre):
+    def serving_signature(self, head, description, pre):
         import tensorflow as tf
 
         def serve_text(context, choices):

@@ -94,11 +94,11 @@ class SpanQuestionAnswering(TaskFamily):
     def saved_fields(self, task, fc):
         return {"qa": QAOptions.of(fc, version_2=task.squad_v2)}
 
-    def ids_shape(self, model):
-        return [None, model.max_seq_length]  # the head's top-k starts need S >= beam_size
+    def ids_shape(self, description):
+        return [None, description.max_seq_length]  # the head's top-k starts need S >= beam_size
 
-    def serving_signature(self, head, model, pre):
-        options = model.qa or QAOptions()
+    def serving_signature(self, head, description, pre):
+        options = description.qa or QAOptions()
         if options.version_2 and not getattr(head, "answerable_classifier", False):
             raise ValueError("a SQuAD 2.0 export needs the head's answerability classifier")
         if options.max_query_length + 3 >= pre.max_seq_length:

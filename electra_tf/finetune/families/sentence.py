@@ -77,15 +77,15 @@ class SentenceFamily(TaskFamily):
     def saved_fields(self, task, fc):
         return {"text_pair": task.text_pair_column is not None}
 
-    def text_pair(self, model) -> bool:
+    def text_pair(self, description) -> bool:
         """As recorded (`export.export_head` fills it in for a model saved before it was)."""
-        return bool(model.text_pair)
+        return bool(description.text_pair)
 
-    def served_outputs(self, head, model):
+    def served_outputs(self, head, description):
         """The head's outputs -> the text signature's outputs."""
         raise NotImplementedError
 
-    def serving_signature(self, head, model, pre):
+    def serving_signature(self, head, description, pre):
         """`text` (and `text_pair` for a pair task) -> the family's outputs.
 
         A batch is padded to its longest row (at most max_seq_length), not to max_seq_length as
@@ -101,8 +101,8 @@ class SentenceFamily(TaskFamily):
         tf.function, not XLA, so a new length is no retrace and no compilation. The outputs
         have no sequence axis, so the signature's shapes are those of max_seq_length padding.
         """
-        answer = self.served_outputs(head, model)
-        if self.text_pair(model):
+        answer = self.served_outputs(head, description)
+        if self.text_pair(description):
             def serve_text(text, text_pair):
                 return answer(head(pre.pack_sentences(text, text_pair, pad_to_longest=True), training=False))
             return serve_text, string_specs("text", "text_pair")
@@ -150,10 +150,10 @@ class SentenceClassification(SentenceFamily):
                    for e, p, row in zip(data.examples, predictions, probabilities)]
         return results, records
 
-    def served_outputs(self, head, model):
+    def served_outputs(self, head, description):
         import tensorflow as tf
 
-        names = tf.constant(label_names(model, head))
+        names = tf.constant(label_names(description, head))
 
         def answer(outputs):
             probabilities = tf.nn.softmax(outputs["logits"], axis=-1)
@@ -188,6 +188,6 @@ class SentenceRegression(SentenceFamily):
                    for e, p in zip(data.examples, predictions)]
         return results, records
 
-    def served_outputs(self, head, model):
+    def served_outputs(self, head, description):
         return lambda outputs: {"score": outputs["predictions"]}
 

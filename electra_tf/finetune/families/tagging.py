@@ -70,10 +70,10 @@ class TokenTagging(TaskFamily):
                    for e, p, g in zip(data.examples, predicted, gold)]
         return results, records
 
-    def serving_signature(self, head, model, pre):
+    def serving_signature(self, head, description, pre):
         import tensorflow as tf
 
-        names = tf.constant(label_names(model, head))
+        names = tf.constant(label_names(description, head))
 
         def serve_text(text):
             inputs, positions, num_words = pre.pack_tagging(text)
