@@ -351,17 +351,17 @@ def in_process_predictions(finetuned_dir: str, sentences) -> list[dict]:
     from electra_tf.finetune.examples import SentenceExample
     from electra_tf.finetune.saving import load_finetuned
 
-    head, model, vocab_file = load_finetuned(finetuned_dir)
-    tok = WordpieceTokenizer(vocab_file, lower_case=model.lower_case)
+    head, description, vocab_file = load_finetuned(finetuned_dir)
+    tok = WordpieceTokenizer(vocab_file, lower_case=description.lower_case)
     examples = [SentenceExample(eid=i, text=s, label=0)
                 for i, s in enumerate(sentences)]
-    arrays = features.featurize_sentences(examples, tok, model.max_seq_length)
+    arrays = features.featurize_sentences(examples, tok, description.max_seq_length)
     logits = head({k: arrays[k] for k in INPUT_KEYS},
                   training=False)["logits"]
     logits = np.asarray(logits, np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    names = model.label_names
+    names = description.label_names
     return [{"label": names[int(p.argmax())], "probabilities": p.tolist()} for p in probs]
 
 

@@ -1,6 +1,10 @@
 """The fine-tuned model on disk: `best/`, what `trainer.finetune` writes, `load_finetuned` and the
 exporter (`export.py`) read.
 
+Words used across the package: a fine-tuned model is its *head* (the Keras model of `heads.py`,
+encoder included) with its *description* (`FinetunedModelConfig`: family, task, labels, length,
+casing, ...) and its vocabulary; functions take them as `head` and `description`.
+
 Layout:
 
     best/
@@ -18,8 +22,8 @@ Layout:
       submission/        GLUE test predictions of this model (GLUE tasks with test files)
 
 Example:
-    head, model, vocab_file = load_finetuned("ft/rt")     # a run's model_dir, or its best/
-    model.family, model.label_names                       # ("classification", ("negative", "positive"))
+    head, description, vocab_file = load_finetuned("ft/rt")  # a run's model_dir, or its best/
+    description.family, description.label_names  # ("classification", ("negative", "positive"))
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ class FinetunedModelConfig(JsonConfig):
         "family"; they load).
 
     Example:
-    >>> model = FinetunedModelConfig.from_json("ft/rt/best/head_config.json")
-    >>> model.family, model.label_names
+    >>> description = FinetunedModelConfig.from_json("ft/rt/best/head_config.json")
+    >>> description.family, description.label_names
     ('classification', ('negative', 'positive'))
     """
 
@@ -148,8 +152,8 @@ def describe_finetuned(head, task: Task, fc: FinetuningConfig, **fields) -> Fine
         **family.saved_fields(task, fc), **fields)
 
 
-def save_finetuned(head, folder, model: FinetunedModelConfig, vocab_file) -> Path:
-    """Writes `head` in the `best/` layout of the module docstring, described by `model`
+def save_finetuned(head, folder, description: FinetunedModelConfig, vocab_file) -> Path:
+    """Writes `head` in the `best/` layout of the module docstring, described by `description`
     (`describe_finetuned`), into `folder` (replaced: the trainer gives a private staging folder,
     published as `best/` when the run is complete)."""
     import tensorflow as tf
@@ -160,10 +164,10 @@ def save_finetuned(head, folder, model: FinetunedModelConfig, vocab_file) -> Pat
     elif folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    tf.train.Checkpoint(model=head).write(str(folder / model.checkpoint))
-    files.copy_file(vocab_file, folder / model.vocab)
+    tf.train.Checkpoint(model=head).write(str(folder / description.checkpoint))
+    files.copy_file(vocab_file, folder / description.vocab)
     head.config.to_json(folder / "config.json")
-    files.write_json(folder / HEAD_CONFIG, model.to_dict())
+    files.write_json(folder / HEAD_CONFIG, description.to_dict())
     return folder
 
 
@@ -199,13 +203,13 @@ def load_finetuned(path):
     from electra_tf.finetune import heads
 
     folder = find_finetuned(path)
-    model = FinetunedModelConfig.from_json(folder / HEAD_CONFIG)
-    head_class = getattr(heads, get_family(model.family).head)
-    head = head_class.from_config(model.head_config)
-    prefix = str(folder / model.checkpoint)
+    description = FinetunedModelConfig.from_json(folder / HEAD_CONFIG)
+    head_class = getattr(heads, get_family(description.family).head)
+    head = head_class.from_config(description.head_config)
+    prefix = str(folder / description.checkpoint)
     open_tf_checkpoint(prefix)  # a damaged file: a ConversionError (a ValueError) naming it
     with reading_tf_tensors(prefix):
         status = tf.train.Checkpoint(model=head).read(prefix)
     status.assert_existing_objects_matched()
     status.expect_partial()
-    return head, model, str(folder / model.vocab)
+    return head, description, str(folder / description.vocab)

@@ -49,7 +49,7 @@ describes ([batch, max_seq_length]; multiple choice [batch, choices, max_seq_len
 Example:
     result = finetune("rotten_tomatoes", finetuning_config=FinetuningConfig(num_train_epochs=1),
                       init_checkpoint="pretrain_out/discriminator", model_dir="ft/rt")
-    head, model, vocab = load_finetuned("ft/rt")  # electra_tf.finetune.saving
+    head, description, vocab = load_finetuned("ft/rt")  # electra_tf.finetune.saving
 """
 
 from __future__ import annotations
@@ -231,9 +231,9 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
             logbook.evaluation(step, epoch, results)
             out.write_predictions(family, records, out.path / "predictions", f"epoch_{epoch:g}")
             if best.update(head, epoch, step, results):
-                model = describe_finetuned(head, task, fc, lower_case=lower_case, epoch=epoch,
-                                           metrics=results, seed=seed)
-                out.save_best(head, model, encoder.vocab_file, family, records)
+                description = describe_finetuned(head, task, fc, lower_case=lower_case, epoch=epoch,
+                                                 metrics=results, seed=seed)
+                out.save_best(head, description, encoder.vocab_file, family, records)
     logbook.close()
     submission = _write_submissions(head, family, task, data.test_sets, best, fc, strategy, out, log)
     return out.write_results(published, dict(
@@ -691,9 +691,10 @@ class _RunFolder:
             self.staging = Path(tempfile.mkdtemp(prefix=".best.staging-", dir=self.path))
         return self.staging
 
-    def save_best(self, head, model: FinetunedModelConfig, vocab_file, family: TaskFamily, records: dict) -> None:
+    def save_best(self, head, description: FinetunedModelConfig, vocab_file, family: TaskFamily,
+                  records: dict) -> None:
         if self.chief:
-            folder = save_finetuned(head, self.best_in_progress, model, vocab_file)
+            folder = save_finetuned(head, self.best_in_progress, description, vocab_file)
             self.write_predictions(family, records, folder, "predictions")
 
     def write_results(self, published, result: dict) -> dict:
