@@ -195,7 +195,8 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     `num_steps` should share a divisor (loops end there). The model is the demo model with
     `cfg.model_overrides`, then `config_overrides` (e.g. `objective="mlm"`), applied.
     """
-    from electra_tf.training.pretraining import PretrainingConfig, run_pretraining
+    from electra_tf.training.config import PretrainingConfig
+    from electra_tf.training.pretraining import run_pretraining
     from electra_tf.training.strategy import create_strategy
 
     config_overrides = {**dict(cfg.model_overrides), **config_overrides}

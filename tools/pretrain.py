@@ -28,15 +28,8 @@ import sys
 from absl import app, flags, logging
 
 from electra_tf import cli
-
-# The library's choices (strategy.STRATEGIES, pretraining.OPTIMIZERS, .MIXED_PRECISION,
-# .RESUME_ON_REQUEST_FIELDS), spelled out so that --help answers without importing TensorFlow;
-# tests/training/test_run_setup.py checks that they agree.
-STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
-OPTIMIZERS = ("adamw", "lamb")
-MIXED_PRECISION = ("none", "float16", "bfloat16")
-RESUME_ON_REQUEST_FIELDS = ("learning_rate", "num_warmup_steps", "weight_decay", "clip_norm",
-                            "adam_beta_2")
+from electra_tf.training.config import (  # no TensorFlow: --help stays fast
+    MIXED_PRECISION, OPTIMIZERS, RESUME_ON_REQUEST_FIELDS, STRATEGIES)
 
 _CONFIG = flags.DEFINE_string(
     "config", "electra_small", "Model config: a configs/*.json name or a path. With "

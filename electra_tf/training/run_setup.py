@@ -48,7 +48,7 @@ from electra_tf.convert.pretrained import (
 from electra_tf.data import pipeline, pretraining_data
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.run_folder import is_run_folder
-from electra_tf.training import pretraining
+from electra_tf.training.config import PretrainingConfig
 
 # ElectraConfig fields a checkpoint's tensors fix (the authors' heads = hidden // 64 included).
 CHECKPOINT_FIELDS = ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads",
@@ -187,7 +187,7 @@ class RunSetup(NamedTuple):
     """What `run_pretraining` needs, resolved from flags, manifest and checkpoint."""
 
     model_config: ElectraConfig
-    config: pretraining.PretrainingConfig
+    config: PretrainingConfig
     vocab_file: str | None  # copied next to the exported discriminator
     init: InitialWeights | None
     record: dict  # data and vocabulary facts for the run record (pretraining_config.json)
@@ -336,7 +336,7 @@ def resolve_run(data_pattern, *, config_name="electra_small", config_given=True,
             raise ConfigError(f"max_seq_length: --max_seq_length={given} but the shards were "
                               f"built with max_seq_length={length} ({manifest.path})")
         run_values["max_seq_length"] = length
-    config = pretraining.PretrainingConfig.for_model_size(model_config, **run_values)
+    config = PretrainingConfig.for_model_size(model_config, **run_values)
 
     record = {
         "data_manifest": manifest.path if manifest else None,

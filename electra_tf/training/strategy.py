@@ -28,7 +28,7 @@ from typing import Any, Callable, NamedTuple
 
 import tensorflow as tf
 
-STRATEGIES = ("one_device", "mirrored", "multi_worker", "tpu")
+from electra_tf.training.config import STRATEGIES
 
 
 class StrategyError(RuntimeError):

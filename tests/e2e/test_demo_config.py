@@ -6,7 +6,7 @@ import json
 import pytest
 
 from electra_tf import demo
-from electra_tf.training.pretraining import PretrainingConfig
+from electra_tf.training.config import PretrainingConfig
 
 
 def _leave_run(folder, **changes):

@@ -104,7 +104,7 @@ def test_special_ids_and_vocab_size_come_from_the_vocab_file(tmp_path):
 
 def test_every_config_type_loads_and_validates_the_same_way(tmp_path):
     from electra_tf.finetune.config import FinetuningConfig
-    from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+    from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 
     for cls, field, bad in ((FinetuningConfig, "learning_rate", -1.0),
                             (PretrainingConfig, "train_batch_size", 0)):
@@ -122,7 +122,7 @@ def test_every_config_type_loads_and_validates_the_same_way(tmp_path):
 
 def test_every_config_type_checks_field_types_the_same_way():
     from electra_tf.finetune.config import FinetuningConfig
-    from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+    from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 
     cases = ((ElectraConfig, ConfigError, "max_predictions_per_seq", 1.5, "must be an integer or null"),
              (ElectraConfig, ConfigError, "hidden_act", 1, "must be a string"),

@@ -27,7 +27,7 @@ from electra_tf.config import ElectraConfig
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib
 from electra_tf.training import pretraining
-from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 from electra_tf.training.strategy import create_strategy
 from same_step import TOLERANCE, deterministic_config
 

@@ -77,7 +77,8 @@ def test_electric_pretrains_from_shards_and_converts_to_tf1_and_back(
 @pytest.mark.parametrize("strategy_name, jit_compile", [("mirrored", False), ("one_device", True)])
 def test_electric_runs_under_mirrored_and_xla(tmp_path, pretrain_shards, pretrain_vocab,
                                                strategy_name, jit_compile):
-    from electra_tf.training.pretraining import PretrainingConfig, run_pretraining
+    from electra_tf.training.config import PretrainingConfig
+    from electra_tf.training.pretraining import run_pretraining
     from electra_tf.training.strategy import create_strategy
 
     config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab).replace(

@@ -24,7 +24,7 @@ import tensorflow as tf
 from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.training import pretraining
-from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 from electra_tf.training.strategy import create_strategy
 
 OBJECTIVE_TAGS = {"loss", "mlm_loss", "mlm_accuracy", "sampled_accuracy", "disc_loss",

@@ -22,7 +22,7 @@ from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.data import pipeline
 from electra_tf.training import pretraining
-from electra_tf.training.pretraining import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 
 
 def run(th, *args, timeout=300) -> tuple[int, str]:
