@@ -169,6 +169,9 @@ def test_normalisation_matches_the_original_not_nfkc(tokenizer):
     # tab/newline/CR stay whitespace. U+0097 is a C1 control that IMDB really contains.
     assert norm("the\x97movie\u00ad\uf0b7\ufffd\x00 a\tb\nc\rd") == "themovie a\tb\nc\rd"
     assert tokenizer.encode("the\x97movie") == tokenizer.encode("themovie")
+    # U+0085 (NEL; Rotten Tomatoes uses it for "…") is whitespace to Python's str.split but a
+    # control character to BERT's _clean_text: deleted, gluing the words (fine-tuning included).
+    assert tokenizer.encode("the\x85movie") == tokenizer.encode("themovie")
     # NFD only: no compatibility folding ("…" and "²" survive, unlike tf-text's NFKC path).
     assert norm("Wait… x² CAFÉ Ÿ") == "wait… x² cafe y"
 
