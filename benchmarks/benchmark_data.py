@@ -28,15 +28,15 @@ _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a
 
 
 def _build(text_file, vocab, out, procs, seq):
-    from electra_tf.data import pretraining_data as pd
+    from electra_tf.data import shards
 
     start = time.time()
-    manifest = pd.build_pretraining_data(pd.BuildConfig(
+    manifest = shards.build_pretraining_data(shards.BuildConfig(
         inputs=[text_file], vocab_file=vocab, output_dir=out, max_seq_length=seq,
         num_shards=16, num_processes=procs, seed=0), progress_every=1e9)
     wall = time.time() - start
-    busy = sum(json.load(open(os.path.join(out, pd.STATS_DIR, f)))["seconds"]
-               for f in os.listdir(os.path.join(out, pd.STATS_DIR)) if f.endswith(".json"))
+    busy = sum(json.load(open(os.path.join(out, shards.STATS_DIR, f)))["seconds"]
+               for f in os.listdir(os.path.join(out, shards.STATS_DIR)) if f.endswith(".json"))
     return manifest, wall, busy
 
 

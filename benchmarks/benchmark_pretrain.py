@@ -121,7 +121,7 @@ def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir
     """
     from electra_tf.config import SPECIAL_ID_FIELDS
     from electra_tf.data import corpus
-    from electra_tf.data import pretraining_data as pd
+    from electra_tf.data import shards
     from electra_tf.data.tokenizer import frequency_vocab, special_token_ids, write_vocab
 
     docs = list(itertools.islice(corpus.imdb_documents(), num_docs))
@@ -133,7 +133,7 @@ def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir
     with open(text, "w", encoding="utf-8") as f:
         f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
     out = os.path.join(workdir, "shards")
-    pd.build_pretraining_data(pd.BuildConfig(
+    shards.build_pretraining_data(shards.BuildConfig(
         inputs=[text], vocab_file=vocab_file, output_dir=out, max_seq_length=seq_length,
         num_shards=4, num_processes=1, seed=0), progress_every=60)
     ids = special_token_ids(vocab)

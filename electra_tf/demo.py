@@ -169,16 +169,17 @@ def build_vocab(cfg: DemoConfig, corpus_file: str) -> str:
 
 
 def build_shards(cfg: DemoConfig, corpus_file: str, vocab_file: str) -> str:
-    from electra_tf.data import pretraining_data
+    from electra_tf.data.manifest import SHARD_PREFIX
+    from electra_tf.data.shards import BuildConfig, build_pretraining_data
 
     out = cfg.path(f"shards_{cfg.max_seq_length}")
-    manifest = pretraining_data.build_pretraining_data(pretraining_data.BuildConfig(
+    manifest = build_pretraining_data(BuildConfig(
         inputs=[corpus_file], vocab_file=vocab_file, output_dir=out,
         max_seq_length=cfg.max_seq_length, num_shards=8, seed=cfg.seed,
         num_processes=min(2, os.cpu_count() or 1)))
     print(f"shards in {out} ({manifest['num_examples']} examples, "
           f"{manifest['num_tokens']} tokens)")
-    return os.path.join(out, pretraining_data.SHARD_PREFIX + "-*")
+    return os.path.join(out, SHARD_PREFIX + "-*")
 
 
 def model_config(vocab_file: str, **overrides):

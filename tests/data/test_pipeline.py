@@ -27,7 +27,7 @@ def _rows(ds):
 
 @pytest.fixture(scope="module")
 def all_examples(built_shards, helpers):
-    from electra_tf.data.pretraining_data import parse_example
+    from electra_tf.data.packing import parse_example
 
     out, _ = built_shards
     rows = []
@@ -63,7 +63,7 @@ def test_two_replicas_read_each_example_exactly_once(built_shards, all_examples,
     out, _ = built_shards
     if num_files == 1:  # fewer files than pipelines: sharding must go by element
         pattern = os.path.join(out, "pretrain_data.tfrecord-00000-of-00004")
-        from electra_tf.data.pretraining_data import parse_example
+        from electra_tf.data.packing import parse_example
         expected = [tuple(tuple(parse_example(r.numpy())[k])
                           for k in ("input_ids", "input_mask", "segment_ids"))
                     for r in tf.data.TFRecordDataset(pattern)]

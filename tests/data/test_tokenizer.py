@@ -145,7 +145,7 @@ def test_missing_vocab_file(tmp_path):
 
 @pytest.mark.slow  # tf-text's vocab learner takes ~10 s even on 40 reviews
 def test_learned_vocab_has_specials_first_and_covers_the_text(tmp_path, imdb_docs, helpers):
-    from electra_tf.data.pretraining_data import iter_text_lines
+    from electra_tf.data.text_files import iter_text_lines
     from electra_tf.data.tokenizer import learn_vocab, write_vocab
 
     corpus = helpers.write_corpus(tmp_path / "c.txt", imdb_docs[:40])

@@ -41,14 +41,14 @@ def pretrain_vocab(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def pretrain_shards(tmp_path_factory, pretrain_vocab) -> str:
     """A glob of 4 real TFRecord shards at SEQ_LENGTH."""
-    from electra_tf.data import pretraining_data as pd
+    from electra_tf.data import shards
 
     docs = list(itertools.islice(corpus.imdb_documents(), 200))
     root = tmp_path_factory.mktemp("pretrain_data")
     text = root / "corpus.txt"
     text.write_text("\n\n".join("\n".join(d) for d in docs) + "\n", encoding="utf-8")
     out = root / "shards"
-    pd.build_pretraining_data(pd.BuildConfig(
+    shards.build_pretraining_data(shards.BuildConfig(
         inputs=[str(text)], vocab_file=pretrain_vocab, output_dir=str(out),
         max_seq_length=SEQ_LENGTH, num_shards=4, num_processes=1, seed=0))
     return str(out / "pretrain_data.tfrecord-*")

@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from electra_tf import run_folder
 from electra_tf.config import ConfigError, ElectraConfig
-from electra_tf.data import pipeline, pretraining_data
+from electra_tf.data import pipeline
+from electra_tf.data.text_files import BadInputError
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import pretraining, run_setup
@@ -109,13 +110,13 @@ def test_shards_from_two_builds_must_agree(pretrain_shards, tmp_path):
     assert run_setup.resolve_run(pattern, config_name="electra_tiny").config.max_seq_length == 32
     manifest["lower_case"] = False
     (tmp_path / "b" / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(pretraining_data.BadInputError) as info:
+    with pytest.raises(BadInputError) as info:
         run_setup.resolve_run(pattern, config_name="electra_tiny")
     assert str(info.value) == (
         f"the shards come from builds that differ: lower_case is True in {tmp_path}/a/"
         f"manifest.json but False in {tmp_path}/b/manifest.json; pretrain on one of them")
     (tmp_path / "b" / "manifest.json").write_text("{not json")
-    with pytest.raises(pretraining_data.BadInputError, match=r"b/manifest.json: unreadable"):
+    with pytest.raises(BadInputError, match=r"b/manifest.json: unreadable"):
         run_setup.resolve_run(pattern, config_name="electra_tiny")
 
 

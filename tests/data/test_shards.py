@@ -12,8 +12,11 @@ import time
 
 import pytest
 
-from electra_tf.data import pretraining_data as pd
-from electra_tf.data.pretraining_data import BuildConfig, ExampleBuilder, parse_example
+from electra_tf.data import shards
+from electra_tf.data.packing import ExampleBuilder, parse_example
+from electra_tf.data.shards import BuildConfig
+from electra_tf.data.manifest import manifest_for_shards, shard_name
+from electra_tf.data.text_files import BadInputError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLS, SEP = 101, 102
@@ -116,7 +119,7 @@ def build(tmp_path, inputs, vocab_file, name="out", **kw):
     kw.setdefault("num_processes", 1)
     kw.setdefault("max_seq_length", 64)
     out = str(tmp_path / name)
-    return out, pd.build_pretraining_data(
+    return out, shards.build_pretraining_data(
         BuildConfig(inputs=inputs, vocab_file=vocab_file, output_dir=out, **kw),
         progress_every=0.0)
 
@@ -369,7 +372,7 @@ def test_manifest_and_naming(built_shards, vocab_file, tokenizer, helpers):
 def test_the_manifest_describes_the_shards_for_a_pretraining_run(built_shards, imdb_docs,
                                                                  vocab_file, tmp_path, helpers):
     out, manifest = built_shards
-    found = pd.manifest_for_shards(helpers.shard_files(out))
+    found = manifest_for_shards(helpers.shard_files(out))
     assert found.values == {"max_seq_length": 64, "vocab_sha256": manifest["vocab_sha256"],
                             "vocab_size": manifest["vocab_size"],
                             "special_ids": manifest["special_ids"], "lower_case": True}
@@ -380,14 +383,14 @@ def test_the_manifest_describes_the_shards_for_a_pretraining_run(built_shards, i
     _, cased = build(tmp_path, [path], vocab_file, num_shards=1, lower_case=False)
     assert cased["lower_case"] is False
     # Shards without one (the authors' tool's) have none; a manifest without a field is named.
-    assert pd.manifest_for_shards([str(tmp_path / "elsewhere" / "x.tfrecord")]) is None
+    assert manifest_for_shards([str(tmp_path / "elsewhere" / "x.tfrecord")]) is None
     older = tmp_path / "older"
     older.mkdir()
     (older / "manifest.json").write_text(json.dumps({"max_seq_length": 64}))
-    with pytest.raises(pd.BadInputError, match=r"older/manifest.json: shard manifest without "
+    with pytest.raises(BadInputError, match=r"older/manifest.json: shard manifest without "
                                                r"vocab_sha256, vocab_size, special_ids, "
                                                r"lower_case \(written by an older"):
-        pd.manifest_for_shards([str(older / "pretrain_data.tfrecord-00000-of-00001")])
+        manifest_for_shards([str(older / "pretrain_data.tfrecord-00000-of-00001")])
 
 
 def test_shards_and_manifest_get_the_normal_mode(built_shards):
@@ -426,7 +429,7 @@ def test_non_utf8_warns_with_file_and_line_or_fails(tmp_path, vocab_file, caplog
         out, manifest = build(tmp_path, [str(path)], vocab_file, num_shards=1)
     assert f"{path}:2: invalid UTF-8" in caplog.text
     assert manifest["num_examples"] == 2
-    with pytest.raises(pd.BadInputError, match=f"{path}:2: invalid UTF-8"):
+    with pytest.raises(BadInputError, match=f"{path}:2: invalid UTF-8"):
         build(tmp_path, [str(path)], vocab_file, name="fail", num_shards=1, on_error="fail")
     assert helpers.shard_files(tmp_path / "fail") == []  # nothing half-written under a final name
 
@@ -447,7 +450,7 @@ def test_empty_file_and_empty_documents(tmp_path, vocab_file, caplog):
     assert manifest["num_examples"] == 2 and manifest["shards"][0]["empty_documents"] == 1
     (tmp_path / "only_empty").mkdir()
     (tmp_path / "only_empty" / "e.txt").write_bytes(b"")
-    with pytest.raises(pd.BadInputError, match="no text in the inputs"):
+    with pytest.raises(BadInputError, match="no text in the inputs"):
         build(tmp_path, [str(tmp_path / "only_empty")], vocab_file, name="o2")
 
 
@@ -462,8 +465,8 @@ def test_very_long_line_is_truncated_with_warning(tmp_path, vocab_file, tokenize
         in caplog.text
     # Exact: the kept 4 kB still has more than max_seq_length WordPieces.
     ref, ref_manifest = build(tmp_path, [str(path)], vocab_file, name="ref", num_shards=1)
-    assert open(os.path.join(out, pd.shard_name(0, 1)), "rb").read() == \
-        open(os.path.join(ref, pd.shard_name(0, 1)), "rb").read()
+    assert open(os.path.join(out, shard_name(0, 1)), "rb").read() == \
+        open(os.path.join(ref, shard_name(0, 1)), "rb").read()
 
 
 def test_not_a_vocab_fails_fast_naming_the_file(tmp_path, corpus_dir):
@@ -471,19 +474,19 @@ def test_not_a_vocab_fails_fast_naming_the_file(tmp_path, corpus_dir):
     bad.write_bytes(b"\x1f\x8b\x08\x00 binary junk \x00\x00")
     with pytest.raises(ValueError, match=f"{bad}:1: NUL byte"):
         build(tmp_path, [corpus_dir], str(bad))
-    assert not os.path.exists(tmp_path / "out" / pd.BUILD_CONFIG)
+    assert not os.path.exists(tmp_path / "out" / shards.BUILD_CONFIG)
 
 
 def test_missing_input_and_changed_config(tmp_path, vocab_file, corpus_dir, built_shards):
-    with pytest.raises(pd.BadInputError, match="nope/\\*.txt: no such file"):
+    with pytest.raises(BadInputError, match="nope/\\*.txt: no such file"):
         build(tmp_path, [str(tmp_path / "nope" / "*.txt")], vocab_file)
     bad_gz = tmp_path / "broken.txt.gz"
     bad_gz.write_bytes(b"plain text pretending to be gzip\n")
-    with pytest.raises(pd.BadInputError, match=f"{bad_gz}:1: cannot read"):
+    with pytest.raises(BadInputError, match=f"{bad_gz}:1: cannot read"):
         build(tmp_path, [str(bad_gz)], vocab_file, name="gz")
     out, _ = built_shards
-    with pytest.raises(pd.BadInputError, match="different build .*seed"):
-        pd.build_pretraining_data(BuildConfig(inputs=[corpus_dir], vocab_file=vocab_file,
+    with pytest.raises(BadInputError, match="different build .*seed"):
+        shards.build_pretraining_data(BuildConfig(inputs=[corpus_dir], vocab_file=vocab_file,
                                               output_dir=out, max_seq_length=64, num_shards=4,
                                               num_processes=1, seed=99))
 
