@@ -184,23 +184,25 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
     import tensorflow as tf
 
     from electra_tf.data import pipeline
-    from electra_tf.training import pretraining
+    from electra_tf.training.config import MIXED_PRECISION, PretrainingConfig
+    from electra_tf.training.loop import _build
+    from electra_tf.training.steps import make_loop_fn
     from electra_tf.training.strategy import create_strategy
 
     strategy = create_strategy("one_device")
-    config = pretraining.PretrainingConfig(
+    config = PretrainingConfig(
         train_batch_size=batch, max_seq_length=seq, steps_per_loop=per_loop, jit_compile=jit,
         num_train_steps=1_000_000, mixed_precision=mixed_precision)
     keras.utils.set_random_seed(0)
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy(pretraining.MIXED_PRECISION[mixed_precision])
+    keras.mixed_precision.set_global_policy(MIXED_PRECISION[mixed_precision])
     try:  # layers take the policy when they are built
-        model, _, _ = pretraining._build(model_config, config, strategy)
+        model, _, _ = _build(model_config, config, strategy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
     iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data, batch, seq, seed=0)))
-    loop = pretraining.make_loop_fn(model, strategy, jit_compile=jit)
+    loop = make_loop_fn(model, strategy, jit_compile=jit)
     n = tf.constant(per_loop)
     stop = tf.constant(False)
     return (lambda: float(loop(iterator, n, stop)[0])), per_loop

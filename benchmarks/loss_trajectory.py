@@ -10,7 +10,7 @@ The run: `keras.utils.set_random_seed(seed)`, the Keras mixed-precision policy o
 seed=seed)` with special ids [PAD] 0, [CLS] 2, [SEP] 3, [MASK] 4, and the optimizer as
 `benchmarks/benchmark_pretrain.py`'s bare step builds it, but with a schedule that moves the weights
 within the run: `create_optimizer("adamw", 5e-4, steps, steps // 10)` (float16 adds
-`LossScaleOptimizer`, as `electra_tf/training/pretraining.py` does). Then `steps` calls of
+`LossScaleOptimizer`, as `electra_tf/training/loop.py` does). Then `steps` calls of
 `tf.function(model.train_step)`, dropout on, over a fixed cycle of 4 synthetic batches from
 `numpy.random.default_rng(seed)`: ids in [5, vocab), [CLS] first, [SEP] last, real lengths drawn
 in [seq / 2, seq], padding 0 with input_mask 0, segment 1 on the second half of each row's real

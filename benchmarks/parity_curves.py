@@ -243,7 +243,7 @@ def torch_worker(args, recipe: dict, seed: int) -> None:
 
 def _copy_electra_tf_init(nets, config, seed: int) -> None:
     """The reference starts from the weights electra-pretrain --seed=SEED starts from (built as
-    `training.pretraining` builds them), copied by the Hugging Face converter (a diagnostic:
+    `training.loop` builds them), copied by the Hugging Face converter (a diagnostic:
     `--reference_init=electra_tf`)."""
     import keras
     import torch

@@ -197,7 +197,7 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     `cfg.model_overrides`, then `config_overrides` (e.g. `objective="mlm"`), applied.
     """
     from electra_tf.training.config import PretrainingConfig
-    from electra_tf.training.pretraining import run_pretraining
+    from electra_tf.training.loop import run_pretraining
     from electra_tf.training.strategy import create_strategy
 
     config_overrides = {**dict(cfg.model_overrides), **config_overrides}

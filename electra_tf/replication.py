@@ -103,7 +103,7 @@ def _round_steps(steps: float, num_points: int) -> int:
 def export_checkpoint(model_dir: str, step: int, folder: str, vocab_file: str) -> str:
     """The discriminator of checkpoint `ckpt-{step}` of a pretraining run, in our format."""
     from electra_tf.convert.pretrained import load_pretrained
-    from electra_tf.training.pretraining import export_discriminator
+    from electra_tf.training.loop import export_discriminator
 
     if os.path.exists(os.path.join(folder, "config.json")):
         return folder

@@ -19,7 +19,7 @@ intervals and the micro-batches (see --model_dir and --allow_config_change); ano
 refused before anything is written. Every shard is checked before step 1 (--check_shards).
 SIGTERM saves a checkpoint at the next loop boundary and exits 0; bad input (a damaged shard,
 another run's folder, a flag that contradicts the manifest or the checkpoint) and a NaN/Inf loss
-exit 1 with one line naming the file, field or step. See electra_tf/training/pretraining.py and
+exit 1 with one line naming the file, field or step. See electra_tf/training/loop.py and
 electra_tf/training/run_setup.py.
 """
 
@@ -112,8 +112,8 @@ _CONFIG_FLAGS = {
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    from electra_tf.training import pretraining, run_setup
-    from electra_tf.training import strategy as strategy_lib
+    from electra_tf.training import run_setup, strategy as strategy_lib
+    from electra_tf.training.loop import USER_ERRORS, run_pretraining
 
     try:
         setup = run_setup.resolve_run(
@@ -129,12 +129,12 @@ def main(argv):
         sys.exit(f"error: {e}")
     flag_values = {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])}
     try:
-        result = pretraining.run_pretraining(
+        result = run_pretraining(
             setup.model_config, setup.config, _DATA.value, _MODEL_DIR.value, strategy,
             vocab_file=setup.vocab_file, flags=flag_values, check_shards=_CHECK_SHARDS.value,
             skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value,
             init=setup.init, run_facts=setup.record)
-    except pretraining.USER_ERRORS as e:
+    except USER_ERRORS as e:
         sys.exit(f"error: {e}")
     logging.info("Done at step %d%s", result.step, " (preempted)" if result.preempted else "")
 

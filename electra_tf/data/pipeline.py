@@ -27,6 +27,7 @@ index and byte offset; it also counts what a skipping reader loses.
 from __future__ import annotations
 
 import os
+import re
 import struct
 import sys
 import time
@@ -102,6 +103,17 @@ def _check_first_record(path: str, seq_length: int, on_damage: str = "raise") ->
     problem = _example_problem(first.numpy(), seq_length)
     if problem:
         raise CorruptShardError(f"{path}: {problem} (first record)")
+
+
+# `_checked_records`' message when a shard ends short of its size.
+_DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
+
+
+def damaged_shard(error: tf.errors.OpError) -> tuple[str, str, str] | None:
+    """(path, bytes read, bytes in the file) when `error`, raised while reading the dataset, is
+    `_checked_records`' damaged-shard assertion; else None."""
+    found = _DAMAGED_SHARD.search(error.message)
+    return found.groups() if found else None
 
 
 def _checked_records(path, size, skip_corrupt: bool) -> tf.data.Dataset:

@@ -4,7 +4,7 @@ pretraining binary, with no TensorFlow import (`electra-pretrain --help` reads t
 `ElectraConfig` (`electra_tf/config.py`) describes the model; this describes one pretraining run of
 it, as `finetune/config.py`'s `FinetuningConfig` describes a fine-tuning run: the same idea (a
 phase's hyperparameters, checked on construction, saved as JSON) for another phase. The loop that
-runs it is `training/pretraining.py`.
+runs it is `training/loop.py`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ generator and discriminator losses, every parameter's gradient, and every weight
 gradients' measured difference explains through Adam's division by sqrt(v) (`Pair.sensitivity`:
 a bias element whose gradient is near epsilon moves ~1e5 times its gradient's rounding). The
 initial weights come from the pretraining seed, as in the binary. electra_tf's step is the binary's own: the
-optimizer and model from `training.pretraining._build` and the loop from `make_loop_fn`. With
+optimizer and model from `training.loop._build` and the loop from `steps.make_loop_fn`. With
 dropout on, the step is compared in distribution (the last test).
 
 Needs torch and transformers (`pip install -e '.[anchors]'`); skipped with that hint without them.
@@ -31,7 +31,9 @@ from electra_tf.convert.common import model_slots
 from electra_tf.convert.hf import hf_name, hf_tensors
 from electra_tf.models import masking
 from electra_tf.models.objective_terms import sampling_seed
-from electra_tf.training import pretraining
+from electra_tf.training.config import PretrainingConfig
+from electra_tf.training.loop import _build
+from electra_tf.training.steps import make_loop_fn
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 VOCAB = 20  # small: the generator's samples are sometimes the original (labelled real)
@@ -84,16 +86,16 @@ class Pair:
 
     def __init__(self, torch, config: ElectraConfig, total_steps=1000, warmup=50, beta_2=0.98):
         self.torch, self.config = torch, config
-        train = pretraining.PretrainingConfig(
+        train = PretrainingConfig(
             train_batch_size=8, num_train_steps=total_steps, learning_rate=3e-3,
             num_warmup_steps=warmup, max_seq_length=SEQ, adam_beta_2=beta_2, seed=11)
         self.strategy = tf.distribute.get_strategy()
         # As the binary does before building: the initial weights are a function of the seed, so
         # a failure reproduces (without it they came from the process's global random state).
         keras.utils.set_random_seed(train.seed)
-        self.model, self.opt, _ = pretraining._build(config, train, self.strategy)
+        self.model, self.opt, _ = _build(config, train, self.strategy)
         self.opt.iterations.assign(START_STEP)
-        self.loop = pretraining.make_loop_fn(self.model, self.strategy)
+        self.loop = make_loop_fn(self.model, self.strategy)
 
         torch.manual_seed(0)
         self.ref = torch_electra.build_networks(config)

@@ -64,7 +64,7 @@ def test_pretraining_export_restores_encoder_exactly(tmp_path, tiny_config, voca
     shared with the generator) restores into the head's encoder unchanged."""
     from electra_tf.models import ElectraPretrainer
     from electra_tf.models.encoder import dummy_inputs
-    from electra_tf.training.pretraining import export_discriminator
+    from electra_tf.training.loop import export_discriminator
 
     tf.keras.utils.set_random_seed(7)
     pretrainer = ElectraPretrainer(tiny_config)

@@ -26,8 +26,9 @@ from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib
-from electra_tf.training import pretraining
 from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.loop import run_pretraining
+from electra_tf.training.steps import make_loop_fn
 from electra_tf.training.strategy import create_strategy
 from same_step import TOLERANCE, deterministic_config
 
@@ -67,7 +68,7 @@ def one_update(strategy, initial, n, make_optimizer):
         model.optimizer.build(model.trainable_variables)
     dataset = tf.data.Dataset.from_tensors(data()).repeat()
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
-    loop = pretraining.make_loop_fn(model, strategy, accumulation_steps=n)
+    loop = make_loop_fn(model, strategy, accumulation_steps=n)
     loss, bad_step, tokens, skipped, _ = loop(iterator, tf.constant(1), tf.constant(False))
     assert int(bad_step) == -1 and int(skipped) == 0
     assert int(model.optimizer.iterations.numpy()) == 1  # one optimizer step, whatever n
@@ -151,7 +152,7 @@ def test_micro_batches_must_divide_the_batch(pretrain_vocab, tmp_path, pretrain_
                              r"train_batch_size \(8\)"):
         PretrainingConfig(train_batch_size=8, gradient_accumulation_steps=3)
     with pytest.raises(PretrainingConfigError, match=r"does not divide the per-replica batch of 4"):
-        pretraining.run_pretraining(
+        run_pretraining(
             ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab),
             PretrainingConfig(train_batch_size=8, gradient_accumulation_steps=8,
                               max_seq_length=32),
@@ -170,7 +171,7 @@ def test_a_run_counts_optimizer_steps_and_resumes_with_other_micro_batches(
         max_seq_length=32, steps_per_loop=3, save_checkpoints_steps=3, summary_steps=3, seed=3,
         shuffle_buffer=64, gradient_accumulation_steps=4)
     model_dir = str(tmp_path / "run")
-    result = pretraining.run_pretraining(model_config, config, pretrain_shards, model_dir,
+    result = run_pretraining(model_config, config, pretrain_shards, model_dir,
                                          create_strategy("one_device"), check_shards=False)
     assert result.step == 6 and np.isfinite(result.metrics["loss"])
     assert int(result.model.optimizer.iterations.numpy()) == 6
@@ -182,7 +183,7 @@ def test_a_run_counts_optimizer_steps_and_resumes_with_other_micro_batches(
     # (and XLA-compiled, to cover it).
     more = config.replace(num_train_steps=8, steps_per_loop=2, gradient_accumulation_steps=8,
                           jit_compile=True)
-    result = pretraining.run_pretraining(model_config, more, pretrain_shards, model_dir,
+    result = run_pretraining(model_config, more, pretrain_shards, model_dir,
                                          create_strategy("one_device"), check_shards=False)
     assert result.step == 8
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-8")

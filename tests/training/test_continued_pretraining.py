@@ -24,7 +24,8 @@ from electra_tf.convert import hf
 from electra_tf.convert.pretrained import from_pretrained, save_electra_checkpoint
 from electra_tf.data import pipeline
 from electra_tf.models import ElectraPretrainer
-from electra_tf.training import pretraining, run_setup
+from electra_tf.training import run_setup
+from electra_tf.training.loop import run_pretraining
 from electra_tf.training.strategy import create_strategy
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "convert"))
@@ -81,7 +82,7 @@ def test_step_0_of_a_continued_run_has_the_checkpoints_loss_and_a_rerun_resumes(
     setup = run_setup.resolve_run(pretrain_shards, config_given=False, init_checkpoint=release,
                                   run_values=run_values())
     model_dir = str(tmp_path / "run")
-    result = pretraining.run_pretraining(setup.model_config, setup.config, pretrain_shards,
+    result = run_pretraining(setup.model_config, setup.config, pretrain_shards,
                                          model_dir, create_strategy("one_device"),
                                          vocab_file=setup.vocab_file, init=setup.init,
                                          run_facts=setup.record)
@@ -113,7 +114,7 @@ def test_step_0_of_a_continued_run_has_the_checkpoints_loss_and_a_rerun_resumes(
                                   run_values=run_values(num_train_steps=2))
     caplog.clear()
     with caplog.at_level("INFO"):
-        result = pretraining.run_pretraining(again.model_config, again.config, pretrain_shards,
+        result = run_pretraining(again.model_config, again.config, pretrain_shards,
                                              model_dir, create_strategy("one_device"),
                                              init=again.init, run_facts=again.record)
     assert f"model_dir {model_dir} has checkpoints: resuming from them; --init_checkpoint " \

@@ -78,7 +78,7 @@ def test_electric_pretrains_from_shards_and_converts_to_tf1_and_back(
 def test_electric_runs_under_mirrored_and_xla(tmp_path, pretrain_shards, pretrain_vocab,
                                                strategy_name, jit_compile):
     from electra_tf.training.config import PretrainingConfig
-    from electra_tf.training.pretraining import run_pretraining
+    from electra_tf.training.loop import run_pretraining
     from electra_tf.training.strategy import create_strategy
 
     config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab).replace(

@@ -23,9 +23,10 @@ import tensorflow as tf
 
 from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
-from electra_tf.training import pretraining
 from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.loop import NonFiniteLossError, _build, run_pretraining
 from electra_tf.training.strategy import create_strategy
+from electra_tf.training.summaries import collapse_warning
 
 OBJECTIVE_TAGS = {"loss", "mlm_loss", "mlm_accuracy", "sampled_accuracy", "disc_loss",
                   "disc_accuracy", "disc_precision", "disc_recall", "disc_auc"}
@@ -105,20 +106,20 @@ def test_adam_beta_2_is_validated_and_reaches_the_optimizer(pretrain_vocab):
         PretrainingConfig(adam_beta_2=1.0)
     config = PretrainingConfig(adam_beta_2=0.98, num_train_steps=10, num_warmup_steps=1)
     model_config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab)
-    _, opt, _ = pretraining._build(model_config, config, create_strategy("one_device"))
+    _, opt, _ = _build(model_config, config, create_strategy("one_device"))
     assert opt.beta_2 == pytest.approx(0.98)
 
 
 def test_collapse_warning_only_for_a_chance_level_discriminator_after_the_warmup():
     config = PretrainingConfig(num_warmup_steps=60, learning_rate=2e-3)
-    warning = pretraining.collapse_warning({"disc_auc": 0.501}, 200, config)
+    warning = collapse_warning({"disc_auc": 0.501}, 200, config)
     assert warning and "step 200" in warning and "learning rate 0.002" in warning
-    assert pretraining.collapse_warning({"disc_auc": 0.501}, 100, config) is None  # in warmup
-    assert pretraining.collapse_warning({"disc_auc": 0.70}, 200, config) is None
-    assert pretraining.collapse_warning({"mlm_loss": 6.5}, 200, config) is None  # no RTD
+    assert collapse_warning({"disc_auc": 0.501}, 100, config) is None  # in warmup
+    assert collapse_warning({"disc_auc": 0.70}, 200, config) is None
+    assert collapse_warning({"mlm_loss": 6.5}, 200, config) is None  # no RTD
     # Electric's NCE logit includes log q: chance-level AUC is no sign of collapse there.
-    assert pretraining.collapse_warning({"disc_auc": 0.501}, 200, config, "electric") is None
-    assert pretraining.collapse_warning({"disc_auc": 0.501}, 200, config, "electra_15")
+    assert collapse_warning({"disc_auc": 0.501}, 200, config, "electric") is None
+    assert collapse_warning({"disc_auc": 0.501}, 200, config, "electra_15")
 
 
 # --- in-process runs ----------------------------------------------------------------------------
@@ -127,7 +128,7 @@ def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pr
     strategy = create_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     model_dir = str(tmp_path / "run")
-    result = pretraining.run_pretraining(tiny_config(pretrain_vocab), run_config(),
+    result = run_pretraining(tiny_config(pretrain_vocab), run_config(),
                                          pretrain_shards, model_dir, strategy,
                                          vocab_file=pretrain_vocab, flags={"strategy": "mirrored"})
     assert result.step == 4 and not result.preempted
@@ -154,7 +155,7 @@ def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pr
 @pytest.mark.slow
 def test_jit_compile_with_several_steps_per_loop(tmp_path, pretrain_shards, pretrain_vocab):
     strategy = create_strategy("one_device")
-    result = pretraining.run_pretraining(
+    result = run_pretraining(
         tiny_config(pretrain_vocab), run_config(num_train_steps=5, steps_per_loop=3,
                                                 jit_compile=True, save_checkpoints_steps=3,
                                                 summary_steps=3),
@@ -172,12 +173,12 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     strategy = create_strategy("one_device")
     model_config = tiny_config(pretrain_vocab)
     good = run_config(num_train_steps=2, steps_per_loop=1, save_checkpoints_steps=1)
-    pretraining.run_pretraining(model_config, good, pretrain_shards, str(tmp_path), strategy)
+    run_pretraining(model_config, good, pretrain_shards, str(tmp_path), strategy)
     good_weights = model_weights(tf.train.latest_checkpoint(str(tmp_path)))
     # Same run, continued with an absurd learning rate: the weights blow up within a few steps.
     bad = good.replace(num_train_steps=30, learning_rate=1e30, num_warmup_steps=0)
-    with pytest.raises(pretraining.NonFiniteLossError, match=r"at step (\d+)") as info:
-        pretraining.run_pretraining(model_config, bad, pretrain_shards, str(tmp_path), strategy,
+    with pytest.raises(NonFiniteLossError, match=r"at step (\d+)") as info:
+        run_pretraining(model_config, bad, pretrain_shards, str(tmp_path), strategy,
                                     allow_changes=("learning_rate", "num_warmup_steps"))
     bad_step = int(info.value.args[0].split("at step ")[1].split(":")[0])
     assert bad_step >= 3
@@ -192,8 +193,8 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
 def test_nan_loss_before_any_checkpoint_says_so(tmp_path, pretrain_shards, pretrain_vocab):
     config = run_config(num_train_steps=30, steps_per_loop=1, save_checkpoints_steps=1000,
                         learning_rate=1e30, num_warmup_steps=0)
-    with pytest.raises(pretraining.NonFiniteLossError) as info:
-        pretraining.run_pretraining(tiny_config(pretrain_vocab), config, pretrain_shards,
+    with pytest.raises(NonFiniteLossError) as info:
+        run_pretraining(tiny_config(pretrain_vocab), config, pretrain_shards,
                                     str(tmp_path), create_strategy("one_device"),
                                     check_shards=False)
     assert str(info.value).endswith(": stopping; no checkpoint was saved yet"), info.value
@@ -208,7 +209,7 @@ def test_float16_loss_scale_skips_are_logged_and_summarised(tmp_path, pretrain_s
     config = run_config(num_train_steps=2, steps_per_loop=2, summary_steps=2,
                         mixed_precision="float16")
     with caplog.at_level("INFO"):
-        result = pretraining.run_pretraining(tiny_config(pretrain_vocab), config,
+        result = run_pretraining(tiny_config(pretrain_vocab), config,
                                              pretrain_shards, str(tmp_path),
                                              create_strategy("one_device"), check_shards=False)
     assert result.step == 2
@@ -275,18 +276,19 @@ WORKER = textwrap.dedent("""
     from absl import logging
 
     from electra_tf.config import ElectraConfig
-    from electra_tf.training import pretraining
+    from electra_tf.training.config import PretrainingConfig
+    from electra_tf.training.loop import run_pretraining
     from electra_tf.training.strategy import create_strategy, is_chief
 
     data, vocab, model_dir, out, micro_batches = sys.argv[1:6]
     logging.set_verbosity(logging.INFO)
     strategy = create_strategy("multi_worker")
-    config = pretraining.PretrainingConfig(
+    config = PretrainingConfig(
         train_batch_size=8, num_train_steps=4, learning_rate=1e-3, num_warmup_steps=1,
         max_seq_length=32, steps_per_loop=2, save_checkpoints_steps=2, summary_steps=2, seed=3,
         shuffle_buffer=64, gradient_accumulation_steps=int(micro_batches))
     model_config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
-    result = pretraining.run_pretraining(model_config, config, data, model_dir, strategy)
+    result = run_pretraining(model_config, config, data, model_dir, strategy)
     np.savez(out, **{v.path: v.numpy() for v in result.model.trainable_variables})
     print("CHIEF" if is_chief(strategy) else "WORKER", "replicas",
           strategy.num_replicas_in_sync, "step", result.step, flush=True)

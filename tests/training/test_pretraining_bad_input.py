@@ -21,8 +21,8 @@ import tensorflow as tf
 from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.data import pipeline
-from electra_tf.training import pretraining
 from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
+from electra_tf.training.loop import check_run_folder
 
 
 def run(th, *args, timeout=300) -> tuple[int, str]:
@@ -70,7 +70,7 @@ def test_a_resumed_run_may_change_steps_and_intervals_but_not_the_model_or_the_d
     config = PretrainingConfig(num_train_steps=100, learning_rate=1e-3)
     folder = str(tmp_path)
     record_run(folder, model, config)
-    check = pretraining.check_run_folder
+    check = check_run_folder
     assert check(folder, model, config) == {}
     assert check(folder, model, config.replace(num_train_steps=200, summary_steps=7)) == {
         "num_train_steps": (100, 200), "summary_steps": (100, 7)}
@@ -100,13 +100,13 @@ def test_the_run_record_of_an_older_version_and_a_folder_without_checkpoints(tmp
     saved = json.loads((older / run_folder.RECORD_FILE).read_text())
     del saved["pretraining_config"]["adam_beta_2"]
     (older / run_folder.RECORD_FILE).write_text(json.dumps(saved))
-    assert pretraining.check_run_folder(str(older), model, config) == {}
+    assert check_run_folder(str(older), model, config) == {}
     with pytest.raises(run_folder.RunFolderError, match="adam_beta_2=0.999, this run asks "):
-        pretraining.check_run_folder(str(older), model, config.replace(adam_beta_2=0.98))
+        check_run_folder(str(older), model, config.replace(adam_beta_2=0.98))
     # A folder with no checkpoint holds nothing to resume: any run may use it.
     empty = tmp_path / "empty"
     record_run(empty, model, config, with_checkpoint=False)
-    assert pretraining.check_run_folder(str(empty), model.replace(hidden_size=128), config) == {}
+    assert check_run_folder(str(empty), model.replace(hidden_size=128), config) == {}
 
 
 def test_checkpoint_problem_names_the_damaged_file(tmp_path):

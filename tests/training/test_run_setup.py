@@ -24,7 +24,8 @@ from electra_tf.data import pipeline
 from electra_tf.data.text_files import BadInputError
 from electra_tf.data.tokenizer import file_sha256
 from electra_tf.models import ElectraPretrainer
-from electra_tf.training import pretraining, run_setup
+from electra_tf.training import run_setup
+from electra_tf.training.loop import run_pretraining
 from electra_tf.training.strategy import create_strategy
 
 SPECIAL_TOKENS = {"pad_token_id": "[PAD]", "cls_token_id": "[CLS]", "sep_token_id": "[SEP]",
@@ -137,7 +138,7 @@ def test_shards_without_a_manifest_still_run_and_the_assumed_ids_are_logged(
         "vocabulary's special ids ([PAD]=0 [CLS]=101 [SEP]=102 [MASK]=103, vocab_size 30522)" \
         in caplog.text
     assert setup.record["data_manifest"] is None and setup.record["lower_case"] is None
-    result = pretraining.run_pretraining(setup.model_config, setup.config, pattern,
+    result = run_pretraining(setup.model_config, setup.config, pattern,
                                          str(tmp_path / "run"), create_strategy("one_device"),
                                          run_facts=setup.record)
     assert result.step == 1 and np.isfinite(result.metrics["loss"])

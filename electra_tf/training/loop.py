@@ -8,7 +8,9 @@ One loop a reader can follow:
           optionally XLA-compiled; with gradient_accumulation_steps=N it sums the gradients of N
           micro-batches into one update, `accumulated_step`), and returns the global losses,
           token counts, float16 loss-scale skips and whether any worker asked to stop
-  after each loop: NaN/Inf check, summaries, a log line, checkpoint, SIGTERM check.
+          (`steps.py`)
+  after each loop: NaN/Inf check, summaries (`summaries.py`), a log line, checkpoint, SIGTERM
+          check (`preemption.py`).
 
 Every count is of optimizer steps (`optimizer.iterations`): the schedule, checkpoints, summaries,
 resume and num_train_steps, whatever the number of micro-batches per step.
@@ -67,12 +69,8 @@ from __future__ import annotations
 
 import glob
 import os
-import re
 import shutil
-import signal
 import tempfile
-import threading
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -81,19 +79,23 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf import files
-from electra_tf.run_folder import (
-    CHECKPOINT_PREFIX, DISCRIMINATOR_FOLDER, RECORD_FILE, RunFolderError, checkpoint_prefixes,
-    kept_facts, model_checkpoint, read_record, restore_newest_readable, write_record)
 from electra_tf.config import ConfigError, ElectraConfig
 from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.data import pipeline
 from electra_tf.models.pretrainer import ElectraPretrainer
-from electra_tf.training import optimizer as optimizer_lib, summaries
+from electra_tf.progress import ProgressLogger
+from electra_tf.run_folder import (
+    CHECKPOINT_PREFIX, DISCRIMINATOR_FOLDER, RECORD_FILE, RunFolderError, checkpoint_prefixes,
+    kept_facts, model_checkpoint, read_record, restore_newest_readable, write_record)
+from electra_tf.training import optimizer as optimizer_lib
 from electra_tf.training.config import (
     MIXED_PRECISION, RESUME_FREE_FIELDS, RESUME_ON_REQUEST_FIELDS, PretrainingConfig,
     PretrainingConfigError)
-from electra_tf.progress import ProgressLogger
+from electra_tf.training.preemption import StopRequest
+from electra_tf.training.steps import make_loop_fn, track_gradient_norm
 from electra_tf.training.strategy import is_chief
+from electra_tf.training.summaries import PretrainingSummaries
+
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or Inf; the message names the step."""
@@ -103,163 +105,6 @@ class NonFiniteLossError(FloatingPointError):
 # one line, without a traceback.
 USER_ERRORS = (ConfigError, RunFolderError, pipeline.CorruptShardError, FileNotFoundError,
                NonFiniteLossError)
-
-# --- the step -----------------------------------------------------------------------------------
-def _innermost(optimizer):
-    return getattr(optimizer, "inner_optimizer", optimizer)
-
-
-def track_gradient_norm(optimizer, metric: keras.metrics.Metric) -> None:
-    """Makes `optimizer` record the global norm of the replica-summed gradient in `metric`.
-
-    The norm of interest is that of the gradient the optimizer applies: after the all-reduce
-    (each replica holds a share) and, with loss scaling, after unscaling. Keras computes it in
-    `_all_reduce_sum_gradients` (a private hook of Keras 3's TensorFlow optimizer, also used by
-    our `AdamWeightDecay` and `Lamb`), so that method is wrapped on this instance: no extra
-    all-reduce. Before clipping, as the original's summaries.
-    """
-    inner = _innermost(optimizer)
-    original = inner._all_reduce_sum_gradients
-
-    def all_reduce_and_record(grads_and_vars):
-        grads_and_vars = original(grads_and_vars)
-        grads = [g for g, _ in grads_and_vars if g is not None]
-        metric.update_state(tf.linalg.global_norm(grads))
-        return grads_and_vars
-
-    inner._all_reduce_sum_gradients = all_reduce_and_record
-
-
-def _apply(model: ElectraPretrainer, gradients, variables):
-    """optimizer.apply; returns 1 when the float16 loss scale skipped the step (non-finite
-    gradients: the scale halves, nothing is updated and the step is not counted), else 0."""
-    before = tf.identity(model.optimizer.iterations)
-    model.optimizer.apply(gradients, variables)
-    if not isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer):
-        return tf.constant(0, tf.int64)
-    return tf.cast(tf.equal(model.optimizer.iterations, before), tf.int64)
-
-
-def pretraining_step(model: ElectraPretrainer, features) -> dict:
-    """`ElectraPretrainer.train_step` for our loop: one replica's step, returns its loss share,
-    its count of real tokens (for tokens/s) and whether the loss scale skipped the step. Metrics
-    are updated as the model does."""
-    with tf.GradientTape() as tape:
-        out = model.compute_objective(features, model.step_seed(), training=True)
-        scaled_loss = model.optimizer.scale_loss(out["loss"])
-    variables = model.trainable_variables
-    skipped = _apply(model, tape.gradient(scaled_loss, variables), variables)
-    model.update_metrics(out)
-    return {"loss": out["loss"], "skipped": skipped,
-            "tokens": tf.reduce_sum(tf.cast(features["input_mask"], tf.int64))}
-
-
-def gradient_sums(model: ElectraPretrainer, strategy) -> list[tf.Variable]:
-    """One zero variable per trainable variable, for `accumulated_step` to sum gradients in.
-
-    Each replica sums its own (ON_READ: replica-local copies; the optimizer all-reduces the sums
-    once). Not part of the checkpoint: they are zeroed at the start of every step. Variables,
-    not while-loop tensors: Grappler's arithmetic optimizer rewrites a loop-carried `acc + g`
-    into an AccumulateNV2 whose temporary variable collides across the iterations of the outer
-    `steps_per_loop` loop (AlreadyExistsError, TF 2.21).
-    """
-    with strategy.scope():
-        return [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False,
-                            name=f"gradient_sum_{i}",
-                            synchronization=tf.VariableSynchronization.ON_READ,
-                            aggregation=tf.VariableAggregation.SUM)
-                for i, v in enumerate(model.trainable_variables)]
-
-
-def accumulated_step(model: ElectraPretrainer, features, num_micro_batches: int,
-                     sums: list[tf.Variable]) -> dict:
-    """`pretraining_step` over `num_micro_batches` slices of the replica's batch, one optimizer
-    update: the update of the whole batch, with the memory of one slice.
-
-    The losses are means over the GLOBAL batch's live masked slots (MLM) and real tokens (RTD),
-    so the slices cannot be averaged as means (their counts differ). Instead the whole batch's
-    counts are computed first (`loss_totals`: masking alone, one all-reduce) and every slice's
-    loss is normalised by them (`compute_objective(totals=...)`): the slices' losses, and so
-    their gradients, add up to the whole batch's. Masks are keyed per example (models/
-    masking.py), so a slice masks its examples exactly as the whole batch would. Generator
-    samples fold the slice index into the seed, as replicas fold theirs.
-
-    The summed gradient (in `sums`, from `gradient_sums`) goes to the optimizer once: all-reduced
-    once, clipped once to the global norm (as the authors' optimizer clips the whole batch's
-    gradient), one step counted. The slices run one after another (`parallel_iterations=1`), so
-    only one is in memory.
-    """
-    n = num_micro_batches
-    seed = model.step_seed()
-    totals = model.loss_totals(features, seed)  # [2]: the whole batch's global counts
-    slices = {k: tf.reshape(v, [n, -1, *v.shape[1:]]) for k, v in features.items()}
-    variables = model.trainable_variables
-    # A Mean metric updated with each slice's share x n averages to the step's value.
-    scalar_terms = ("loss", *model.step_metrics)
-
-    def one_slice(i, loss):
-        part = {k: tf.gather(v, i) for k, v in slices.items()}
-        with tf.GradientTape() as tape:
-            out = model.compute_objective(part, seed, training=True, totals=totals,
-                                          micro_batch=i)
-            scaled_loss = model.optimizer.scale_loss(out["loss"])
-        for total, g in zip(sums, tape.gradient(scaled_loss, variables)):
-            if g is not None:
-                total.assign_add(tf.convert_to_tensor(g))
-        model.update_metrics({**out, **{name: out[name] * n for name in scalar_terms}})
-        return i + 1, loss + out["loss"]
-
-    for total in sums:
-        total.assign(tf.zeros_like(total))
-    _, loss = tf.while_loop(lambda i, _: i < n, one_slice, (tf.constant(0), tf.constant(0.0)),
-                            parallel_iterations=1)
-    # read_value(): a tensor placed on the replica's device (under MultiWorkerMirroredStrategy a
-    # plain conversion has none, and the gradient all-reduce then finds no destination).
-    skipped = _apply(model, [total.read_value() for total in sums], variables)
-    return {"loss": loss, "skipped": skipped,
-            "tokens": tf.reduce_sum(tf.cast(features["input_mask"], tf.int64))}
-
-
-def make_loop_fn(model, strategy, jit_compile: bool = False, accumulation_steps: int = 1):
-    """`loop(iterator, num_steps, stop_flag)`: `num_steps` train steps in one tf.function.
-
-    Each step is `pretraining_step`, or `accumulated_step` over `accumulation_steps` micro-
-    batches. Returns (global loss of the last step, first step (1-based optimizer step) whose
-    loss was not finite or -1, real tokens processed, steps the float16 loss scale skipped,
-    whether any worker set `stop_flag`). The loop breaks at the first non-finite loss so the bad
-    update is the last one.
-    """
-    if accumulation_steps > 1:
-        sums = gradient_sums(model, strategy)
-
-        def step(features):
-            return accumulated_step(model, features, accumulation_steps, sums)
-    else:
-        def step(features):
-            return pretraining_step(model, features)
-    replica_step = tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
-
-    @tf.function
-    def loop(iterator, num_steps, stop_flag):
-        loss = tf.constant(0.0)
-        bad_step = tf.constant(-1, tf.int64)
-        tokens = tf.constant(0, tf.int64)
-        skipped = tf.constant(0, tf.int64)
-        for _ in tf.range(num_steps):
-            out = strategy.run(replica_step, args=(next(iterator),))
-            loss = strategy.reduce("SUM", out["loss"], axis=None)
-            tokens += strategy.reduce("SUM", out["tokens"], axis=None)
-            # Every replica sees the same decision: count it once.
-            skipped += tf.minimum(strategy.reduce("SUM", out["skipped"], axis=None), 1)
-            if not tf.math.is_finite(loss):
-                bad_step = tf.cast(model.optimizer.iterations, tf.int64)
-                break
-        stop = strategy.reduce(
-            "SUM", strategy.run(lambda: tf.cast(stop_flag, tf.int32)), axis=None)
-        return loss, bad_step, tokens, skipped, stop > 0
-
-    return loop
-
 
 # --- checkpoints and export ---------------------------------------------------------------------
 def _write_dir(model_dir: str, strategy) -> str:
@@ -328,28 +173,6 @@ def check_run_folder(model_dir, model_config: ElectraConfig, config: Pretraining
     return allowed
 
 
-# --- SIGTERM ------------------------------------------------------------------------------------
-class _StopRequest:
-    """Sets a flag on SIGTERM (main thread only); restores the previous handler on exit."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        logging.warning("SIGTERM: saving a checkpoint at the end of the current loop")
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-
-
 # --- the loop -----------------------------------------------------------------------------------
 class PretrainingResult(NamedTuple):
     model: ElectraPretrainer  # the trained pretrainer (its optimizer attached)
@@ -376,43 +199,6 @@ def _build(model_config, config: PretrainingConfig, strategy):
     return model, opt, grad_norm
 
 
-def collapse_warning(metrics: dict, step: int, config: PretrainingConfig,
-                     objective: str = "electra") -> str | None:
-    """A message when the discriminator is no better than chance well after the warmup.
-
-    The usual cause is a learning rate too high for the warmup: every token's final hidden
-    state collapses to one vector and the head predicts the base rate (AUC 0.5); fine-tuning
-    from such an encoder learns nothing. Short runs are prone to it (see `adam_beta_2`).
-
-    Not for Electric: its classifier's logit adds the generator's log q of the token present
-    (the authors' run_pretraining.py), so its AUC measures the generator's calibration as much
-    as the energy. While the cloze generator is under-confident, real tokens have a higher q
-    than its own samples, and a healthy Electric run sits at or below 0.5 for thousands of
-    steps (0.42 after 1,200 steps of a run whose scores rank 91.7% of held-out sentences above their shuffles).
-    """
-    auc = metrics.get("disc_auc")
-    if auc is None or objective == "electric" or step < max(2 * config.num_warmup_steps, 100) or abs(auc - 0.5) > 0.01:
-        return None
-    return (f"step {step}: discriminator AUC {auc:.3f} = chance. Its token representations "
-            f"have probably collapsed (learning rate {config.learning_rate:g} too high for "
-            f"{config.num_warmup_steps} warmup steps); fine-tuning from it will not learn. "
-            "Lower the learning rate, lengthen the warmup, or for a short run set "
-            "adam_beta_2=0.98.")
-
-
-def _learning_rate(opt) -> float:
-    inner = _innermost(opt)
-    lr = inner._learning_rate
-    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
-        return float(lr(inner.iterations))
-    return float(lr)
-
-
-# The message of the pipeline's reader (`pipeline._checked_records`) when a shard ends short of
-# its size.
-_DAMAGED_SHARD = re.compile(r"corrupt or truncated TFRecord shard (.+?): read (\d+) of (\d+) bytes")
-
-
 def _save_after_input_error(manager, opt, strategy, saved):
     """A checkpoint of the steps done before the input failed; returns the latest checkpoint.
 
@@ -434,11 +220,11 @@ def _save_after_input_error(manager, opt, strategy, saved):
 def _damaged_shard_error(error, manager, opt, strategy, saved) -> pipeline.CorruptShardError | None:
     """For an input error that names a damaged shard: a checkpoint of the steps done, and the
     one-line error to stop with; None for any other error."""
-    found = _DAMAGED_SHARD.search(error.message)
-    if not found:
+    found = pipeline.damaged_shard(error)
+    if found is None:
         return None
     saved = _save_after_input_error(manager, opt, strategy, saved)
-    path, done, size = found.groups()
+    path, done, size = found
     return pipeline.CorruptShardError(
         f"damaged shard {path}: read {done} of {size} bytes, reached at step "
         f"{int(opt.iterations.numpy())} (latest checkpoint {saved}); "
@@ -505,54 +291,6 @@ def _check_finite(loss, bad_step: int, saved: str | None) -> None:
         raise NonFiniteLossError(message)
 
 
-class _Summaries:
-    """The TensorBoard summaries: metrics at each summary step, with the rates of the period
-    since the last one (examples and tokens per second), and the warnings read from them."""
-
-    def __init__(self, model, opt, grad_norm, config: PretrainingConfig, writer, step: int,
-                 skipped_records: int | None):
-        self.model, self.opt, self.grad_norm, self.config, self.writer = (
-            model, opt, grad_norm, config, writer)
-        self.skipped_records = skipped_records  # per pass over the data, when known
-        self.warned_collapse = False
-        self._start_period(step)
-
-    def _start_period(self, step: int) -> None:
-        self.period_start, self.period_step, self.tokens, self.loss_scale_skips = (
-            time.time(), step, 0, 0)
-
-    def add(self, tokens: int, loss_scale_skips: int) -> None:
-        self.tokens += tokens
-        self.loss_scale_skips += loss_scale_skips
-
-    def due(self, previous: int, step: int) -> bool:
-        every = self.config.summary_steps
-        return step // every > previous // every or step >= self.config.num_train_steps
-
-    def write(self, step: int, metrics: dict) -> None:
-        """Writes the period's summaries, then resets the metrics for the next one."""
-        config, opt = self.config, self.opt
-        elapsed = max(time.time() - self.period_start, 1e-9)
-        examples = (step - self.period_step) * config.train_batch_size
-        rates = {"examples_per_second": examples / elapsed,
-                 "tokens_per_second": self.tokens / elapsed, "learning_rate": _learning_rate(opt)}
-        for name, value in {**metrics, **rates}.items():
-            summaries.scalar(name, value, step=step)
-        if self.skipped_records is not None:
-            summaries.scalar("data/corrupt_records_skipped", self.skipped_records, step=step)
-        if isinstance(opt, keras.optimizers.LossScaleOptimizer):
-            summaries.scalar("loss_scale/skipped_steps", self.loss_scale_skips, step=step)
-            summaries.scalar("loss_scale/scale", float(opt.dynamic_scale.numpy()), step=step)
-        warning = collapse_warning(metrics, step, config, self.model.config.objective)
-        if warning and not self.warned_collapse:
-            logging.warning("%s", warning)
-            self.warned_collapse = True
-        self.writer.flush()
-        for m in (*self.model.metrics, self.grad_norm):
-            m.reset_state()
-        self._start_period(step)
-
-
 def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: PretrainingConfig,
            data_pattern, model_dir: str, skip_corrupt: bool, skipped_records: int | None):
     """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call runs
@@ -567,10 +305,10 @@ def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: 
     writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if is_chief(strategy)
               else tf.summary.create_noop_writer())
     progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
-    summary = _Summaries(model, opt, grad_norm, config, writer, step,
+    summary = PretrainingSummaries(model, opt, grad_norm, config, writer, step,
                          skipped_records if skip_corrupt else None)
     metrics, preempted = {}, False
-    with _StopRequest() as stop_request, writer.as_default():
+    with StopRequest() as stop_request, writer.as_default():
         while step < config.num_train_steps:
             num_steps = min(config.steps_per_loop, config.num_train_steps - step)
             try:
