@@ -1,7 +1,8 @@
 """The fine-tuning hyperparameters: `FinetuningConfig`, every one with the original's default, and
-`QAOptions`, the span-QA ones a fine-tuned QA model keeps for its exporter. The same idea one
-level up from `electra_tf/config.py` (the encoder's and pretraining's hyperparameters); the
-description of a fine-tuned model (`head_config.json`) is `saving.FinetunedModelConfig`.
+`QAOptions`, the span-QA ones a fine-tuned QA model keeps for its exporter. The same idea for
+another phase as `training/config.py` (a pretraining run's hyperparameters), both over
+`electra_tf/config.py` (the encoder's); the description of a fine-tuned model
+(`head_config.json`) is `saving.FinetunedModelConfig`.
 
 Defaults are the authors' `configure_finetuning.py` (google-research/electra): learning rate
 1e-4 (Small, Base) / 5e-5 (Large), layer-wise decay 0.8 / 0.8 / 0.9, weight decay 0.01, warmup
