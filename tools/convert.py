@@ -5,7 +5,10 @@ r"""Converts ELECTRA checkpoints between the authors' TF1 format, Hugging Face a
 
 --input is a TF1 checkpoint prefix or released archive folder, a Hugging Face folder
 (config.json + model.safetensors / pytorch_model.bin), a folder written by electra_tf, or a
-keras-hub ElectraBackbone preset folder. --output_format=keras_hub writes the discriminator's
+keras-hub ElectraBackbone preset folder; or a released model's name, fetched into its library's
+cache: a Hugging Face Hub id (google/electra-small-discriminator, owner/name@revision) or a
+keras-hub preset (electra_small_discriminator_uncased_en, kaggle://..., hf://...). A path that
+exists always wins. --output_format=keras_hub writes the discriminator's
 encoder as a keras-hub preset (backbone + tokenizer; the keras_hub extra; what differs from
 ELECTRA, the tanh GELU and the pooler, is in electra_tf/convert/keras_hub.py).
 Prints the mapping report (mapped, ignored, missing) of the import and of the export.
@@ -19,7 +22,8 @@ from electra_tf.config import ConfigError
 from electra_tf.convert import pretrained
 from electra_tf.convert.common import ConversionError
 
-_INPUT = flags.DEFINE_string("input", None, "Checkpoint to read (prefix or folder).", required=True)
+_INPUT = flags.DEFINE_string("input", None, "Checkpoint to read: a prefix or folder, or a Hub id "
+                             "or keras-hub preset name.", required=True)
 _INPUT_FORMAT = flags.DEFINE_enum("input_format", "auto", ["auto", *pretrained.FORMATS],
                                   "Format of --input; auto detects it.")
 _OUTPUT = flags.DEFINE_string("output", None, "Folder to write.", required=True)

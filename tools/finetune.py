@@ -56,7 +56,10 @@ _VERSION_2 = flags.DEFINE_bool("version_2", False, "Generic qa task: SQuAD 2.0 (
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "Prepared TFDS data_dir (no download).")
 _INIT_CHECKPOINT = flags.DEFINE_string(
     "init_checkpoint", None, "Pretrained discriminator: <pretrain model_dir>/discriminator, a TF1 "
-    "release or a Hugging Face folder. Without it, --config gives a random initialisation.")
+    "release, a Hugging Face or keras-hub folder, or a released model's name: a Hugging Face Hub "
+    "id (google/electra-base-discriminator, owner/name@revision) or a keras-hub preset "
+    "(electra_base_discriminator_uncased_en), fetched into its library's cache (an existing path "
+    "wins). Without it, --config gives a random initialisation.")
 _CONFIG = flags.DEFINE_string("config", None, "Model config name or path (random init only).")
 _VOCAB_FILE = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: the checkpoint's).")
 _LOWER_CASE = flags.DEFINE_bool(

@@ -53,14 +53,17 @@ _VOCAB = flags.DEFINE_string(
 _INIT = flags.DEFINE_string(
     "init_checkpoint", None, "Continue pretraining from these weights: a TF1 checkpoint or "
     "released archive folder, a Hugging Face folder (a pretrainer with discriminator/ and "
-    "generator/, or a discriminator: see --init_generator), or an electra_tf pretraining "
-    "model_dir. The optimizer starts at step 0 with its own warmup. Without a generator in it, "
-    "the generator starts from random weights, sharing the loaded embeddings. Ignored (with a "
-    "warning) when --model_dir already has checkpoints: the run resumes from those.")
+    "generator/, or a discriminator: see --init_generator), an electra_tf pretraining "
+    "model_dir, or a released model's name (a Hugging Face Hub id such as "
+    "google/electra-small-discriminator, owner/name@revision; a keras-hub preset), fetched "
+    "into its library's cache (an existing path wins). The optimizer starts at step 0 with "
+    "its own warmup. Without a generator in it, the generator starts from random weights, "
+    "sharing the loaded embeddings. Ignored (with a warning) when --model_dir already has "
+    "checkpoints: the run resumes from those.")
 _INIT_GEN = flags.DEFINE_string(
-    "init_generator", None, "The Hugging Face generator folder that goes with a discriminator "
-    "folder given as --init_checkpoint (e.g. electra-small-generator with "
-    "electra-small-discriminator).")
+    "init_generator", None, "The Hugging Face generator folder (or Hub id) that goes with a "
+    "discriminator given as --init_checkpoint (e.g. google/electra-small-generator with "
+    "google/electra-small-discriminator).")
 _STRATEGY = flags.DEFINE_enum("strategy", "one_device", list(STRATEGIES),
                               "tf.distribute strategy.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name or grpc:// address (--strategy=tpu).")

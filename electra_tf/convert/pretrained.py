@@ -12,8 +12,12 @@ Formats, detected automatically:
               `model.weights.h5`, tokenizer): one encoder, no heads; needs the keras_hub extra.
               See `keras_hub.py` for what differs (GELU, pooler).
 
+Released models load by name too (`names.py`): a Hugging Face Hub id or a keras-hub preset is
+fetched into its library's cache and read from there; a path that exists always wins.
+
 Example:
->>> disc, config, vocab = from_pretrained("electra_small")          # a released TF1 archive
+>>> disc, config, vocab = from_pretrained("google/electra-small-discriminator")  # Hub id
+>>> disc, config, vocab = from_pretrained("electra_small")          # a released TF1 archive folder
 >>> save_electra_checkpoint(disc, config, "/tmp/small", vocab_file=vocab)
 >>> disc, config, vocab = from_pretrained("/tmp/small")             # ours, same weights
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 from electra_tf import files, run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import hf, keras_hub, tf1
+from electra_tf.convert.names import resolve_checkpoint
 from electra_tf.convert.common import (
     ConversionError, ConversionReport, Pretrained, check_vocab_size, damaged, network_of,
     open_tf_checkpoint, part_of, read_json, reading_tf_tensors)
@@ -178,7 +183,10 @@ def _load_run_folder(folder: Path, network: str, config=None, step: int | None =
 
 # --- detection and loading -----------------------------------------------------------------------
 def detect_format(path) -> str:
-    """'tf1', 'hf', 'electra_tf' or 'keras_hub'; a ConversionError lists what was looked for."""
+    """'tf1', 'hf', 'electra_tf' or 'keras_hub'; a ConversionError lists what was looked for.
+
+    `path` may be a released model's name (`names.resolve_checkpoint`)."""
+    path = resolve_checkpoint(path)
     p = Path(path)
     if p.is_dir():
         if (p / MARKER).exists() or run_folder.is_run_folder(p):
@@ -218,6 +226,7 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     network = _deprecated_kind(network, kind)
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
+    path = resolve_checkpoint(path)  # a Hub id or keras-hub preset -> its local folder
     fmt = detect_format(path) if input_format == "auto" else input_format
     if fmt == "tf1":
         model, cfg, report, vocab = tf1.load_tf1_model(path, network, config, **load_kwargs)
@@ -244,8 +253,12 @@ def from_pretrained(path, network: str = "discriminator", config=None, *, kind: 
     """Loads a Discriminator, Generator or ElectraPretrainer from any supported checkpoint.
 
     Args:
-      path: a TF1 checkpoint prefix or archive folder, a Hugging Face folder, or a folder written
-        by `save_electra_checkpoint`.
+      path: a TF1 checkpoint prefix or archive folder, a Hugging Face folder, a keras-hub preset
+        folder, a pretraining run folder, or a folder written by `save_electra_checkpoint`; or a
+        released model's name: a Hugging Face Hub id (`google/electra-small-discriminator`,
+        `owner/name@revision`) or a keras-hub preset (`electra_small_discriminator_uncased_en`,
+        `kaggle://...`, `hf://...`), downloaded to (or found in) the library's cache
+        (`names.py`). A path that exists always wins.
       network: "discriminator", "generator" or "pretrainer" (both networks). `kind=` is its
         deprecated old name.
       config: optional `ElectraConfig`, config name or path: the pretraining (discriminator)
@@ -296,6 +309,7 @@ def to_keras_hub_preset(source, preset_dir, *, vocab_file=None, lower_case: bool
     """
     model = source
     if isinstance(source, (str, Path)):
+        source = resolve_checkpoint(source)
         loaded = load_pretrained(source, "discriminator", config)
         model, vocab_file = loaded.model, vocab_file or loaded.vocab_path
         if lower_case is None:
@@ -306,6 +320,7 @@ def to_keras_hub_preset(source, preset_dir, *, vocab_file=None, lower_case: bool
 
 def holds_generator(path, input_format: str = "auto") -> bool:
     """Whether the checkpoint at `path` has a generator besides the discriminator."""
+    path = resolve_checkpoint(path)
     fmt = detect_format(path) if input_format == "auto" else input_format
     p = Path(path)
     if fmt == "electra_tf" and run_folder.is_run_folder(p) and not (p / MARKER).exists():

@@ -120,7 +120,8 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
         else from `data_dir` (`task_data.data_files`: a GLUE task's folder as the GLUE download
         script writes it, with its test files), else the task's TFDS data (`tfds_data_dir`) or
         packaged data (Rotten Tomatoes).
-      init_checkpoint: pretrained discriminator (any `from_pretrained` format) or None.
+      init_checkpoint: pretrained discriminator (any `from_pretrained` format or released
+        model name, e.g. "google/electra-base-discriminator") or None.
       vocab_file: WordPiece vocabulary; default the checkpoint's vocab.txt.
       lower_case: lower-case and strip accents (uncased vocabulary) or not (cased); None takes
         what the checkpoint records (`data.casing.resolve_lower_case`), else uncased.
@@ -143,8 +144,11 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
        "best_model_dir", "num_train_examples", "num_eval_examples", "train_steps",
        "lower_case", "submission" (GLUE test prediction files written, by name)}.
     """
+    from electra_tf.convert.names import resolve_checkpoint
     from electra_tf.training.strategy import is_chief
 
+    # A released model's name -> its local folder, where its vocabulary and casing are read.
+    init_checkpoint = resolve_checkpoint(init_checkpoint)
     strategy = resolve_strategy(strategy)
     out = _RunFolder(Path(model_dir), is_chief(strategy))  # only the chief writes (multi-worker)
     try:
@@ -886,9 +890,12 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
     """
     if num_seeds < 1:
         raise ValueError(f"num_seeds must be >= 1, got {num_seeds}")
+    from electra_tf.convert.names import resolve_checkpoint
     from electra_tf.training.strategy import is_chief
 
     model_dir = Path(model_dir)
+    if kwargs.get("init_checkpoint") is not None:  # a released model's name: fetched once
+        kwargs["init_checkpoint"] = resolve_checkpoint(kwargs["init_checkpoint"])
     kwargs["strategy"] = resolve_strategy(kwargs.get("strategy"))  # one strategy for every seed
     chief = is_chief(kwargs["strategy"])
     settings = request_settings(

@@ -24,7 +24,11 @@ Continued pretraining (`InitialWeights`, `load_initial_weights`): --init_checkpo
     with --init_generator naming the generator's folder (the hub's `-discriminator` /
     `-generator` pair);
   - an electra_tf folder: a pretraining run's model_dir (both networks, from its newest
-    checkpoint) or a folder `save_electra_checkpoint` wrote.
+    checkpoint) or a folder `save_electra_checkpoint` wrote;
+  - a released model's name, resolved to its folder in the download cache (`convert/names.py`):
+    `--init_checkpoint=google/electra-small-discriminator
+    --init_generator=google/electra-small-generator` continues the paper's Small pair; the run
+    record keeps the name and the exact Hub commit.
 Only the weights are taken: the optimizer starts at step 0 with its own warmup (the authors' Adam
 slots and global_step are ignored). With only a discriminator, the generator starts from the
 run's random initialisation, sharing the loaded embeddings (embedding_sharing="embeddings"),
@@ -43,6 +47,7 @@ from absl import logging
 
 from electra_tf.config import SPECIAL_ID_FIELDS, ConfigError, ElectraConfig
 from electra_tf.convert import hf
+from electra_tf.convert.names import resolve, resolve_checkpoint
 from electra_tf.convert.pretrained import (
     detect_format, holds_generator, load_pretrained, saved_network)
 from electra_tf.data import pipeline
@@ -66,12 +71,15 @@ class InitialWeights:
     """Weights to start a run from (see the module docstring).
 
     Attributes:
-      path: --init_checkpoint as given.
-      format: "tf1", "hf" or "electra_tf".
+      path: --init_checkpoint's local path (a released model's name resolves to its folder in
+        the download cache).
+      format: "tf1", "hf", "electra_tf" or "keras_hub".
       source: the loaded model: an ElectraPretrainer, or a Discriminator when the checkpoint
         holds no generator.
       config: the checkpoint's (discriminator's) ElectraConfig.
       vocab_file: the checkpoint's vocab.txt, or None.
+      released: for a name, what it resolved to (`names.Resolved.describe`: the name, source and
+        exact revision), else None.
     """
 
     path: str
@@ -79,6 +87,7 @@ class InitialWeights:
     source: object
     config: ElectraConfig
     vocab_file: str | None
+    released: dict | None = None
 
     @property
     def has_generator(self) -> bool:
@@ -86,9 +95,12 @@ class InitialWeights:
 
     def describe(self) -> dict:
         """For the run record."""
-        return {"path": self.path, "format": self.format,
-                "networks": "generator and discriminator" if self.has_generator
-                else "discriminator"}
+        described = {"path": self.path, "format": self.format,
+                     "networks": "generator and discriminator" if self.has_generator
+                     else "discriminator"}
+        if self.released:
+            described["released"] = self.released
+        return described
 
     def copy_into(self, model) -> None:
         """Assigns the loaded weights to `model` (an ElectraPretrainer built with the run's
@@ -144,6 +156,10 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
     Raises ConversionError / ConfigError naming the folder or file when it holds nothing to start
     from (a generator alone, a damaged file, weights that do not fit).
     """
+    given = resolve(str(path))  # a released model's name -> its local folder (names.py)
+    path = given.path
+    if generator_path:
+        generator_path = resolve_checkpoint(str(generator_path))
     folder = Path(path)
     if generator_path and is_run_folder(folder):
         raise ConfigError(f"--init_generator: {path} is a pretraining run folder, which holds "
@@ -161,7 +177,7 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
             loaded = load_pretrained(pair, "pretrainer")
         logging.info("--init_checkpoint: %s", loaded.report.summary())
         vocab = loaded.vocab_path and os.path.join(path, os.path.basename(loaded.vocab_path))
-        return InitialWeights(str(path), "hf", loaded.model, loaded.config, vocab)
+        return InitialWeights(str(path), "hf", loaded.model, loaded.config, vocab, given.describe())
     if fmt == "hf" and "ElectraForMaskedLM" in _hf_architectures(folder):
         raise ConfigError(f"--init_checkpoint={path} holds a generator; give the discriminator's "
                           "folder as --init_checkpoint and this one as --init_generator")
@@ -175,7 +191,8 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
                               "discriminator or a pretrainer")
     loaded = load_pretrained(path, network)
     logging.info("--init_checkpoint: %s", loaded.report.summary())
-    return InitialWeights(str(path), fmt, loaded.model, loaded.config, loaded.vocab_path)
+    return InitialWeights(str(path), fmt, loaded.model, loaded.config, loaded.vocab_path,
+                          given.describe())
 
 
 def _hf_architectures(folder: Path) -> list:

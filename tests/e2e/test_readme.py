@@ -164,12 +164,27 @@ def test_the_readme_command_blocks_run_as_written(tmp_path):
         ran.append(command.split("--task=")[1].split()[0])
     assert ran[3:] == ["rotten_tomatoes", "mrpc", "classification"]
     assert (work / "runs/ft_rt/best").is_dir() and (work / "runs/mrpc/best/submission/MRPC.tsv").exists()
-    # Start from the released checkpoints: our run written as the authors' TF1 layout stands in.
+    # Start from the released checkpoints: our run written as the authors' TF1 layout stands in,
+    # and, in a Hugging Face cache read offline, for the released pairs named by their Hub ids.
     _run("electra-convert --input=runs/small --output=models/electra_small --output_format=tf1", work, env)
+    _run("electra-convert --input=runs/small --output=hub/small --output_format=hf", work, env)
+    from tests.hub_caches import commit_id, offline_env, put_hf_snapshot
+
+    for repo, folder in (("google/electra-small-discriminator", "discriminator"),
+                         ("google/electra-small-generator", "generator"),
+                         ("google/electra-base-discriminator", "discriminator")):
+        put_hf_snapshot(work / "hf_cache", repo, work / "hub/small" / folder, commit_id(repo))
+    hub_env = offline_env(work / "hf_cache", PYTHONPATH=env["PYTHONPATH"])
     for command in _section_commands(SECTIONS[2]):
-        out = _run(command, work, env)
-        assert "missing (0)" in out
+        out = _run(command, work, hub_env)
+        if command.startswith("electra-convert"):
+            assert "missing (0)" in out
+        ran.append(command.split()[0])
+    assert ran[-4:] == ["electra-finetune", "electra-pretrain", "electra-convert", "electra-convert"]
     assert (work / "small_hf/discriminator/model.safetensors").exists()
+    assert (work / "runs/ft_small/best").is_dir() and (work / "base_tf1").is_dir()
+    record = json.loads((work / "runs/small_more/pretraining_config.json").read_text())
+    assert record["init_checkpoint"]["released"]["name"] == "google/electra-small-discriminator"
     # Export and serve: /tmp/ inside this test's folder, free ports for 8501/8500.
     with socket.socket() as a, socket.socket() as b:
         a.bind(("127.0.0.1", 0)), b.bind(("127.0.0.1", 0))
