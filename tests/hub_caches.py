@@ -68,10 +68,14 @@ def put_kaggle_model(cache, handle: str, folder) -> None:
 
 def offline_env(hf_cache=None, kaggle_cache=None, **more) -> dict:
     """The environment of a command that must find everything in the caches."""
+    # Any request that still tries the network goes to a closed port on loopback (the proxy):
+    # tests talk to 127.0.0.1 only, and an uncached file fails at once as it would offline.
+    closed = "http://127.0.0.1:9"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
                TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1", HF_HUB_OFFLINE="1",
-               HF_HUB_DISABLE_TELEMETRY="1", **more)
-    for key in ("HF_HOME", "HF_ENDPOINT", "HF_TOKEN"):
+               HF_HUB_DISABLE_TELEMETRY="1", HTTPS_PROXY=closed, HTTP_PROXY=closed,
+               https_proxy=closed, http_proxy=closed, **more)
+    for key in ("HF_HOME", "HF_ENDPOINT", "HF_TOKEN", "NO_PROXY", "no_proxy"):
         env.pop(key, None)
     if hf_cache is not None:
         env["HF_HUB_CACHE"] = str(hf_cache)

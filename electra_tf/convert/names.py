@@ -38,7 +38,8 @@ from absl import logging
 from electra_tf.convert.common import ConversionError
 
 # owner/name with an optional @revision: Hugging Face's repo-id characters, one slash.
-_HUB_ID = re.compile(r"^(?:hf://)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
+_HUB_ID = re.compile(
+    r"^(?:hf://)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 # A keras-hub preset name: snake_case, no slash (electra_small_discriminator_uncased_en).
 _PRESET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 KAGGLE_PREFIX = "kaggle://"
@@ -145,9 +146,8 @@ def _keras_hub_preset(name: str, tried: list) -> Resolved | None:
             local = preset_utils.get_file(name, file)
         except Exception as e:  # noqa: BLE001  kagglehub raises its own HTTP and cache errors
             if file in _PRESET_REQUIRED:
-                raise NameNotFoundError(
-                    f"{name}: keras-hub preset ({handle}): {file}: {_one_line(e)}"
-                    f"{_kaggle_offline_hint(handle, e)}") from None
+                raise NameNotFoundError(f"{name}: keras-hub preset ({handle}): "
+                                        f"{_preset_problem(handle, file, e)}") from None
             if not isinstance(e, FileNotFoundError):  # there, perhaps, but not reachable
                 logging.warning("keras-hub preset %s: %s not fetched (%s)", name, file,
                                 _one_line(e))
@@ -158,15 +158,18 @@ def _keras_hub_preset(name: str, tried: list) -> Resolved | None:
     return Resolved(folder, "keras_hub", name, handle.rsplit("/", 1)[-1])
 
 
-def _kaggle_offline_hint(handle: str, error: Exception) -> str:
+def _preset_problem(handle: str, file: str, error: Exception) -> str:
+    """What went wrong fetching `file`: offline and not cached (with how to pre-fetch), or the
+    library's own message."""
     text = str(error).lower()
-    if any(word in text for word in ("connect", "resolve", "network", "offline", "timed out")):
-        cache = os.environ.get("KAGGLEHUB_CACHE", "~/.cache/kagglehub")
-        return (f" (the machine looks offline and the preset is not in the kagglehub cache "
-                f"{cache}: pre-fetch it where there is a network with "
-                f"python -c \"import kagglehub; kagglehub.model_download('"
-                f"{handle.removeprefix(KAGGLE_PREFIX)}')\")")
-    return ""
+    if not any(word in text for word in ("connect", "resolve", "network", "offline", "timed out")):
+        return f"{file}: {_one_line(error)}"
+    cache = os.environ.get("KAGGLEHUB_CACHE", "~/.cache/kagglehub")
+    model = handle.removeprefix(KAGGLE_PREFIX)
+    return (f"{file} is not in the kagglehub cache ({cache}) and Kaggle cannot be reached (the "
+            "machine looks offline); pre-fetch it on a machine with a network: python -c "
+            f"\"import kagglehub; kagglehub.model_download('{model}')\", and copy the cache or "
+            "point KAGGLEHUB_CACHE at it")
 
 
 # --- Hugging Face Hub ----------------------------------------------------------------------------

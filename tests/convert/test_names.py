@@ -1,6 +1,7 @@
-"""Released models by name (electra_tf/convert/names.py): Hugging Face Hub ids and keras-hub presets,
-found in download caches filled by hand as the libraries lay them out (tests/hub_caches.py), with
-the network off (HF_HUB_OFFLINE=1; nothing here can reach the Hub or Kaggle anyway).
+"""Released models by name (electra_tf/convert/names.py): Hugging Face Hub ids and keras-hub
+presets, found in download caches filled by hand as the libraries lay them out
+(tests/hub_caches.py), with the network off (HF_HUB_OFFLINE=1, and any request sent to a closed
+port on loopback).
 
 Every load runs in a fresh process: the libraries read their environment (cache folders, offline
 mode) when imported, as they do for a user. What a name loads must equal what its folder loads.
@@ -178,14 +179,24 @@ except NameNotFoundError as e:
      "electra_small_discriminator_uncased_en: no file or folder "
      "electra_small_discriminator_uncased_en; a keras-hub preset name needs keras-hub "
      "(pip install 'electra_tf[keras_hub]'); not a Hugging Face Hub id"),
+    ("offline", "electra_small_discriminator_uncased_en",
+     "electra_small_discriminator_uncased_en: keras-hub preset (kaggle://keras/electra/keras/"
+     "electra_small_discriminator_uncased_en/2): config.json is not in the kagglehub cache "
+     "({kaggle}) and Kaggle cannot be reached (the machine looks offline); pre-fetch it on a "
+     "machine with a network: python -c \"import kagglehub; kagglehub.model_download("
+     "'keras/electra/keras/electra_small_discriminator_uncased_en/2')\""),
 ])
-def test_a_name_that_resolves_to_nothing_says_what_was_tried(releases, case, name, expected):
-    env = hub_caches.offline_env(releases["cache"])
+def test_a_name_that_resolves_to_nothing_says_what_was_tried(releases, tmp_path, case, name,
+                                                             expected):
+    if "keras-hub preset (" in expected:
+        pytest.importorskip("keras_hub", reason="the keras_hub extra")
+    env = hub_caches.offline_env(releases["cache"], tmp_path / "kaggle")
     result = subprocess.run([sys.executable, "-c", ERRORS, case, name], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     message = [x for x in result.stdout.splitlines() if x.startswith("ERROR ")][-1][len("ERROR "):]
-    assert message.startswith(expected.format(cache=releases["cache"])), message
+    expected = expected.format(cache=releases["cache"], kaggle=tmp_path / "kaggle")
+    assert message.startswith(expected), message
     assert "\n" not in message
 
 
