@@ -101,6 +101,20 @@ def resolve_checkpoint(path):
     return resolve(str(path)).path
 
 
+def with_revision(path, revision: str | None):
+    """`owner/name@revision` for `revision=` given as a keyword (as `transformers` takes it);
+    `path` unchanged without one. A revision is for a Hub id: with a local path, or a name that
+    already has one, it is a ValueError."""
+    if revision is None:
+        return path
+    if path is None or is_local(path) or not _HUB_ID.match(str(path)):
+        raise ValueError(f"revision={revision!r}: a revision belongs to a Hugging Face Hub id "
+                         f"(owner/name), and {path} is not one")
+    if "@" in str(path):
+        raise ValueError(f"revision={revision!r}: {path} names a revision already")
+    return f"{path}@{revision}"
+
+
 def resolve(name: str) -> Resolved:
     """`Resolved` for a local path or a released model's name; raises NameNotFoundError."""
     if is_local(name):

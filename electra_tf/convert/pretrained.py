@@ -30,7 +30,7 @@ from pathlib import Path
 from electra_tf import files, run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.convert import hf, keras_hub, tf1
-from electra_tf.convert.names import resolve_checkpoint
+from electra_tf.convert.names import resolve_checkpoint, with_revision
 from electra_tf.convert.common import (
     ConversionError, ConversionReport, Pretrained, check_vocab_size, damaged, network_of,
     open_tf_checkpoint, part_of, read_json, reading_tf_tensors)
@@ -217,7 +217,8 @@ def _deprecated_kind(network: str, kind: str | None) -> str:
 
 
 def load_pretrained(path, network: str = "discriminator", config=None, *, input_format: str = "auto",
-                    step: int | None = None, kind: str | None = None, **load_kwargs) -> Pretrained:
+                    step: int | None = None, kind: str | None = None, revision: str | None = None,
+                    **load_kwargs) -> Pretrained:
     """Like `from_pretrained`, also returning the conversion report and the detected format.
 
     `load_kwargs` (allow_unknown, allow_missing; tf1 also ignore_task_specific) go to the loader.
@@ -226,7 +227,7 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     network = _deprecated_kind(network, kind)
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
-    path = resolve_checkpoint(path)  # a Hub id or keras-hub preset -> its local folder
+    path = resolve_checkpoint(with_revision(path, revision))  # a name -> its local folder
     fmt = detect_format(path) if input_format == "auto" else input_format
     if fmt == "tf1":
         model, cfg, report, vocab = tf1.load_tf1_model(path, network, config, **load_kwargs)
@@ -249,7 +250,8 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     return Pretrained(model, cfg, vocab, report, fmt)
 
 
-def from_pretrained(path, network: str = "discriminator", config=None, *, kind: str | None = None):
+def from_pretrained(path, network: str = "discriminator", config=None, *, kind: str | None = None,
+                    revision: str | None = None):
     """Loads a Discriminator, Generator or ElectraPretrainer from any supported checkpoint.
 
     Args:
@@ -263,11 +265,13 @@ def from_pretrained(path, network: str = "discriminator", config=None, *, kind: 
         deprecated old name.
       config: optional `ElectraConfig`, config name or path: the pretraining (discriminator)
         config; inferred from the checkpoint when None.
+      revision: for a Hub id, the branch, tag or commit (as `transformers`' `revision=`; the
+        same as `owner/name@revision`).
 
     Returns (model, config, vocab_path): `config` is the one the model was built with (for
     network="generator", the generator's own); `vocab_path` is the checkpoint's vocab.txt or None.
     """
-    loaded = load_pretrained(path, _deprecated_kind(network, kind), config)
+    loaded = load_pretrained(path, _deprecated_kind(network, kind), config, revision=revision)
     return loaded.model, loaded.config, loaded.vocab_path
 
 

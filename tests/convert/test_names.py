@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 DISC, GEN = "google/electra-tiny-discriminator", "google/electra-tiny-generator"
 MAIN, V1 = hub_caches.commit_id("main"), hub_caches.commit_id("v1")
 
-# Runs in a fresh process: argv[1] is a JSON list of [name or folder, network]; prints, for each,
+# Runs in a fresh process: argv[1] is a JSON list of [name or folder, network(, revision=)]; prints,
+# for each,
 # the model's outputs on fixed ids, its config's sizes, its vocab file and the casing recorded
 # beside the resolved checkpoint.
 LOAD = r"""
@@ -41,14 +42,16 @@ ids = np.array([[2, 7, 9, 11, 13, 3, 0, 0], [2, 21, 5, 6, 3, 17, 19, 3]], np.int
 inputs = {"input_ids": ids, "input_mask": (ids > 0).astype(np.int32),
           "segment_ids": np.zeros_like(ids)}
 out = []
-for spec, network in json.loads(sys.argv[1]):
-    model, config, vocab = from_pretrained(spec, network)
+for spec, network, *revision in json.loads(sys.argv[1]):
+    model, config, vocab = from_pretrained(spec, network, revision=(revision or [None])[0])
+    spec = spec + (f" revision={revision[0]}" if revision else "")
     result = model(inputs)
     key = "rtd_logits" if "rtd_logits" in result else ("mlm_logits" if "mlm_logits" in result
                                                         else "sequence_output")
     out.append({"spec": spec, "output": np.asarray(result[key]).tolist(),
                 "hidden_size": config.hidden_size, "vocab": vocab,
-                "lower_case": checkpoint_lower_case(resolve_checkpoint(spec))[0]})
+                "lower_case": checkpoint_lower_case(resolve_checkpoint(spec.split()[0] + (
+                    "@" + revision[0] if revision else "")))[0]})
 print("RESULT " + json.dumps(out))
 """
 
@@ -87,11 +90,13 @@ def test_a_hub_id_loads_from_the_cache_as_its_folder_with_and_without_revision(r
     specs = [[DISC, "discriminator"], [str(main / "discriminator"), "discriminator"],
              [f"{DISC}@v1", "discriminator"], [f"{DISC}@{V1}", "discriminator"],
              [f"hf://{DISC}@v1", "discriminator"], [str(v1 / "discriminator"), "discriminator"],
+             [DISC, "discriminator", "v1"],
              [GEN, "generator"], [str(main / "generator"), "generator"]]
     got = {r["spec"]: r for r in load_in_process(specs, hub_caches.offline_env(releases["cache"]))}
     by_name = {DISC: str(main / "discriminator"), f"{DISC}@v1": str(v1 / "discriminator"),
                f"{DISC}@{V1}": str(v1 / "discriminator"),
-               f"hf://{DISC}@v1": str(v1 / "discriminator"), GEN: str(main / "generator")}
+               f"hf://{DISC}@v1": str(v1 / "discriminator"), GEN: str(main / "generator"),
+               f"{DISC} revision=v1": str(v1 / "discriminator")}
     for name, folder in by_name.items():
         assert got[name]["output"] == got[folder]["output"], name  # bit for bit
         assert got[name]["lower_case"] == got[folder]["lower_case"], name
@@ -240,3 +245,13 @@ def test_paths_of_other_file_systems_are_never_names():
         "gs://bucket/electra_small/model.ckpt-1000000"
     assert not is_local("hf://google/electra-small-discriminator")
     assert not is_local(f"kaggle://{KAGGLE}")
+
+
+def test_a_revision_keyword_is_for_hub_ids_only(releases):
+    from electra_tf.convert.names import with_revision
+
+    assert with_revision(DISC, "v1") == f"{DISC}@v1" and with_revision(DISC, None) == DISC
+    with pytest.raises(ValueError, match=r"names a revision already"):
+        with_revision(f"{DISC}@v1", "v2")
+    with pytest.raises(ValueError, match=r"belongs to a Hugging Face Hub id"):
+        from_pretrained(releases["main"] / "discriminator", revision="v1")
