@@ -105,3 +105,68 @@ def test_finetune_starts_from_a_hub_revision_as_from_its_folder(released, tmp_pa
     assert last.startswith("electra-finetune: error: someone/not-there: not a local path, and "
                            "the machine is offline (HF_HUB_OFFLINE=1)"), last
     assert not (tmp_path / "none").exists()
+
+
+PRESET = "electra_small_discriminator_uncased_en"
+KAGGLE = "keras/electra/keras/electra_small_discriminator_uncased_en/2"
+
+
+@pytest.fixture(scope="module")
+def preset(released, tmp_path_factory):
+    """`main`'s discriminator as a keras-hub preset folder, and a kagglehub cache serving it
+    under the built-in preset's name."""
+    pytest.importorskip("keras_hub", reason="the keras_hub extra")
+    pytest.importorskip("kagglehub", reason="keras-hub's Kaggle downloader")
+    from electra_tf.convert.pretrained import to_keras_hub_preset
+
+    root, _ = released
+    folder = tmp_path_factory.mktemp("preset") / "tiny_preset"
+    to_keras_hub_preset(str(root / "main" / "discriminator"), folder)
+    kaggle = folder.parent / "kaggle_cache"
+    hub_caches.put_kaggle_model(kaggle, KAGGLE, folder)
+    return folder, kaggle
+
+
+@pytest.mark.slow  # three commands, each twice, in fresh processes
+def test_every_command_takes_a_keras_hub_preset_name(released, preset, pretrain_shards, tmp_path,
+                                                     th):
+    folder, kaggle = preset
+    env = hub_caches.offline_env(released[1], kaggle)
+    # electra-convert
+    for name, source in (("name", PRESET), ("folder", folder)):
+        proc = subprocess.run([sys.executable, "-m", "electra_tf.tools.convert",
+                               f"--input={source}", f"--output={tmp_path / 'convert' / name}"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert th.folder_hashes(tmp_path / "convert" / "name") == \
+        th.folder_hashes(tmp_path / "convert" / "folder")
+    # electra-pretrain (the preset has no RTD head and no generator: both start from the seed)
+    for name, source in (("name", PRESET), ("folder", folder)):
+        flags = [f for f in th.tiny_flags(pretrain_shards, None, str(tmp_path / "pt" / name),
+                                          num_train_steps=2, save_checkpoints_steps=2)
+                 if not f.startswith("--vocab_file")]
+        _pretrain(th, flags + [f"--init_checkpoint={source}"], env)
+    ids, folders = (th.checkpoint_weights(str(tmp_path / "pt" / name / "ckpt-2"))
+                    for name in ("name", "folder"))
+    assert ids.keys() == folders.keys()
+    for key, value in folders.items():
+        np.testing.assert_array_equal(ids[key], value, err_msg=key)
+    record = json.loads((tmp_path / "pt" / "name" / "pretraining_config.json").read_text())
+    assert record["init_checkpoint"]["format"] == "keras_hub"
+    assert record["init_checkpoint"]["released"]["name"] == PRESET
+    # electra-finetune (vocabulary and casing from the preset's tokenizer)
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in (
+        ("the film is good", "pos"), ("a bad film", "neg"), ("i liked it", "pos"),
+        ("it was awful", "neg")) * 4))
+    results = {}
+    for name, source in (("name", PRESET), ("folder", folder)):
+        proc = _finetune(["--task=classification", f"--train_file={train}",
+                          f"--eval_file={train}", "--text_column=text", "--label_column=label",
+                          "--num_train_epochs=1", "--train_batch_size=8", "--max_seq_length=16",
+                          f"--init_checkpoint={source}", f"--model_dir={tmp_path / 'ft' / name}"],
+                         env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[name] = json.loads((tmp_path / "ft" / name / "results.json").read_text())["runs"][0]
+    assert results["name"]["history"] == results["folder"]["history"]
+    assert results["name"]["lower_case"] is True
