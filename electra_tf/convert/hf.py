@@ -83,6 +83,15 @@ def read_hf_config(folder) -> dict:
     return hf
 
 
+def is_generator_folder(folder) -> bool:
+    """A Hugging Face folder holding a generator alone (`ElectraForMaskedLM`, as the released
+    `google/electra-*-generator`), not a discriminator or a discriminator/ + generator/ pair."""
+    folder = Path(folder)
+    if (folder / "discriminator").is_dir() or not (folder / "config.json").is_file():
+        return False
+    return "ElectraForMaskedLM" in read_hf_config(folder).get("architectures", [])
+
+
 def config_from_hf(hf: dict, vocab_file=None, base: ElectraConfig | None = None) -> ElectraConfig:
     """Our `ElectraConfig` for the network a Hugging Face `config.json` describes.
 

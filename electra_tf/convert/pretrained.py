@@ -232,6 +232,9 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     if fmt == "tf1":
         model, cfg, report, vocab = tf1.load_tf1_model(path, network, config, **load_kwargs)
     elif fmt == "hf":
+        if network != "generator" and hf.is_generator_folder(path):
+            raise ConversionError(f"{path} holds a generator (ElectraForMaskedLM): load it as "
+                                  "network='generator' (electra-convert: --network=auto)")
         model, cfg, report, vocab = hf.load_hf_model(path, network, config, **load_kwargs)
     elif fmt == "electra_tf":
         if run_folder.is_run_folder(path) and not (Path(path) / MARKER).exists():
@@ -346,10 +349,16 @@ def convert(input_path, output_path, *, input_format: str = "auto",
     """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports.
 
     network "auto" converts everything the input holds: the pretrainer (generator and
-    discriminator) when it has a generator, else the discriminator.
+    discriminator) when it has a generator, the generator of a Hugging Face generator folder,
+    else the discriminator.
     """
     if network == "auto":
-        network = "pretrainer" if holds_generator(input_path, input_format) else "discriminator"
+        input_path = resolve_checkpoint(input_path)
+        fmt = detect_format(input_path) if input_format == "auto" else input_format
+        if fmt == "hf" and hf.is_generator_folder(input_path):
+            network = "generator"  # a released generator alone (google/electra-*-generator)
+        else:
+            network = "pretrainer" if holds_generator(input_path, fmt) else "discriminator"
     loaded = load_pretrained(input_path, network, config, input_format=input_format, **load_kwargs)
     export_report = save(loaded.model, output_path, output_format, vocab_file=loaded.vocab_path,
                          config=loaded.config)

@@ -178,7 +178,7 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
         logging.info("--init_checkpoint: %s", loaded.report.summary())
         vocab = loaded.vocab_path and os.path.join(path, os.path.basename(loaded.vocab_path))
         return InitialWeights(str(path), "hf", loaded.model, loaded.config, vocab, given.describe())
-    if fmt == "hf" and "ElectraForMaskedLM" in _hf_architectures(folder):
+    if fmt == "hf" and hf.is_generator_folder(folder):
         raise ConfigError(f"--init_checkpoint={path} holds a generator; give the discriminator's "
                           "folder as --init_checkpoint and this one as --init_generator")
     network = "pretrainer" if holds_generator(path, fmt) else "discriminator"
@@ -193,11 +193,6 @@ def load_initial_weights(path, generator_path=None) -> InitialWeights:
     logging.info("--init_checkpoint: %s", loaded.report.summary())
     return InitialWeights(str(path), fmt, loaded.model, loaded.config, loaded.vocab_path,
                           given.describe())
-
-
-def _hf_architectures(folder: Path) -> list:
-    return [] if (folder / "discriminator").is_dir() else \
-        hf.read_hf_config(folder).get("architectures", [])
 
 
 # --- resolving the run --------------------------------------------------------------------------

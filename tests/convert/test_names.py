@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from electra_tf.convert import hf
+from electra_tf.convert import ConversionError, hf
 from electra_tf.convert.pretrained import from_pretrained, load_pretrained
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -141,6 +141,17 @@ def test_electra_convert_takes_a_hub_id(releases, tmp_path):
     assert weights(got).keys() == weights(expected).keys()
     for name, value in weights(expected).items():
         np.testing.assert_array_equal(weights(got)[name], value, err_msg=name)
+    # A released generator alone converts as the generator (--network=auto), and is named as one
+    # when asked for a discriminator.
+    result = convert_cli(f"--input={GEN}", f"--output={tmp_path / 'gen'}", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got, expected = from_pretrained(tmp_path / "gen", "generator")[0], \
+        from_pretrained(releases["main"] / "generator", "generator")[0]
+    for name, value in weights(expected).items():
+        np.testing.assert_array_equal(weights(got)[name], value, err_msg=name)
+    with pytest.raises(ConversionError, match=r"holds a generator \(ElectraForMaskedLM\): load "
+                                              r"it as network='generator'"):
+        from_pretrained(releases["main"] / "generator")
     # Unknown offline: one line saying what was tried and how to pre-fetch; nothing written.
     result = convert_cli("--input=google/electra-unheard-of", f"--output={tmp_path / 'none'}",
                          env=env)
