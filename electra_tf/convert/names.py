@@ -169,7 +169,10 @@ def _keras_hub_preset(name: str, tried: list) -> Resolved | None:
         if folder is None:
             folder = os.path.dirname(local)
     logging.info("keras-hub preset %s (%s) -> %s", name, handle, folder)
-    return Resolved(folder, "keras_hub", name, handle.rsplit("/", 1)[-1])
+    # A Kaggle handle ends in its version when it names one (owner/model/keras/variation[/N]);
+    # kagglehub's cache folder is named by the version it fetched.
+    version = Path(folder).name
+    return Resolved(folder, "keras_hub", name, version if version.isdigit() else None)
 
 
 def _preset_problem(handle: str, file: str, error: Exception) -> str:

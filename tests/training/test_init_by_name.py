@@ -153,7 +153,10 @@ def test_every_command_takes_a_keras_hub_preset_name(released, preset, pretrain_
         np.testing.assert_array_equal(ids[key], value, err_msg=key)
     record = json.loads((tmp_path / "pt" / "name" / "pretraining_config.json").read_text())
     assert record["init_checkpoint"]["format"] == "keras_hub"
-    assert record["init_checkpoint"]["released"]["name"] == PRESET
+    assert record["init_checkpoint"]["released"] == {
+        "name": PRESET, "source": "keras_hub", "revision": "2",
+        "folder": record["init_checkpoint"]["path"]}
+    assert record["init_checkpoint"]["path"].startswith(str(kaggle))
     # electra-finetune (vocabulary and casing from the preset's tokenizer)
     train = tmp_path / "train.csv"
     train.write_text("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in (
