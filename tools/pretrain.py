@@ -86,7 +86,11 @@ _SUMMARY = flags.DEFINE_integer("summary_steps", None, "TensorBoard summary inte
 _OPTIMIZER = flags.DEFINE_enum("optimizer", None, list(OPTIMIZERS), "Optimizer.")
 _BETA_2 = flags.DEFINE_float("adam_beta_2", None, "Adam's beta_2 (0.999); 0.98 for runs of a "
                              "few hundred steps (see the README's short-run section).")
-_JIT = flags.DEFINE_bool("jit_compile", None, "XLA-compile the train step.")
+_JIT = flags.DEFINE_bool(
+    "jit_compile", None, "XLA-compile the train step (--jit_compile) or not (--nojit_compile). "
+    "Unset: the faster of the two on this CPU, timed at start-up when the run is long enough "
+    "for the probe to pay (its steps are undone); the choice and why are logged and recorded "
+    "in pretraining_config.json (step_path).")
 _MIXED = flags.DEFINE_enum("mixed_precision", None, list(MIXED_PRECISION),
                            "Mixed precision policy.")
 _SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.")

@@ -470,7 +470,8 @@ def _build_model(family: TaskFamily, task: Task, encoder: _Encoder, fc: Finetuni
     return head, optimizer
 
 
-def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int) -> Callable:
+def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
+                jit_compile: bool = False) -> Callable:
     """A function that takes one optimizer step on the next global batch and returns its loss.
 
     Batches of a shuffled, repeated pass over `arrays` (reshuffled every pass, seeded). Each
@@ -497,9 +498,11 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int) 
         optimizer.apply_gradients(zip(grads, head.trainable_variables))
         return loss
 
+    replica_step = tf.function(step_fn, jit_compile=jit_compile, reduce_retracing=True)
+
     @tf.function
     def train_step(iterator):
-        losses = strategy.run(step_fn, args=(next(iterator),))
+        losses = strategy.run(replica_step, args=(next(iterator),))
         return strategy.reduce("SUM", losses, axis=None)
 
     return lambda: train_step(iterator)

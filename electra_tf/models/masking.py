@@ -133,6 +133,21 @@ def mask_tokens(input_ids, input_mask, seed, *, mask_prob: float, num_slots: int
     return MaskedBatch(masked_input_ids, positions, masked_ids, weights, is_masked)
 
 
+def stateless_unit_floats(shape, seed):
+    """float32 uniforms in [0, 1): `tf.random.stateless_uniform(shape, seed)`'s values, made the
+    same way inside and outside XLA.
+
+    TensorFlow's kernel turns each 32-bit Philox output into a float by its 23 low bits (the
+    mantissa of a number in [1, 2), minus 1); XLA's lowering of the same op converts the same
+    bits otherwise, so a step compiled with XLA drew other Gumbel noise, and sampled other
+    tokens, than the same step as a graph. The bits themselves agree, so the conversion is done
+    here, as the kernel does it: the graph's draws are unchanged (bit for bit) and the XLA-
+    compiled step draws them too (tests/models/test_masking.py)."""
+    bits = tf.random.stateless_uniform(shape, seed, minval=None, maxval=None, dtype=tf.uint32)
+    mantissa = tf.bitwise.bitwise_or(tf.bitwise.bitwise_and(bits, 0x7FFFFF), 0x3F800000)
+    return tf.bitcast(mantissa, tf.float32) - 1.0
+
+
 def sample_replacements(mlm_logits, seed, *, temperature: float = 1.0, disallow_ids=None):
     """Gumbel-max sampling from the generator: argmax(logits / T + g), g = -log(-log(u+1e-9)+1e-9).
 
@@ -146,7 +161,7 @@ def sample_replacements(mlm_logits, seed, *, temperature: float = 1.0, disallow_
     logits = tf.stop_gradient(tf.cast(mlm_logits, tf.float32)) / temperature
     if disallow_ids is not None:
         logits -= 1000.0 * tf.one_hot(disallow_ids, tf.shape(logits)[-1], dtype=tf.float32)
-    uniform = tf.random.stateless_uniform(tf.shape(logits), seed=seed, dtype=tf.float32)
+    uniform = stateless_unit_floats(tf.shape(logits), seed)
     gumbel = -tf.math.log(-tf.math.log(uniform + 1e-9) + 1e-9)
     return tf.argmax(logits + gumbel, axis=-1, output_type=tf.int32)
 

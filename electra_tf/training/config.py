@@ -25,7 +25,8 @@ class PretrainingConfigError(ConfigError):
 
 # PretrainingConfig fields a resumed run may change: how the run is executed and observed, not
 # what it computes. A longer num_train_steps extends a run (its learning rate then decays to 0 at
-# the new end, from the current step on); jit_compile changes rounding only, and
+# the new end, from the current step on); jit_compile changes rounding only (the XLA step draws
+# what the graph's draws: `masking.stateless_unit_floats`), and
 # gradient_accumulation_steps rounding and the generator's sampling draws (the update is that of
 # the same global batch, so a run that ran out of memory can resume with more micro-batches).
 RESUME_FREE_FIELDS = ("num_train_steps", "steps_per_loop", "save_checkpoints_steps",
@@ -81,7 +82,9 @@ class PretrainingConfig(JsonConfig):
         after another, and applies their sum once (clipped once, one step counted). The update
         is that of the whole batch: the slices are normalised by the whole batch's counts of
         masked slots and tokens (see `accumulated_step`). Memory is that of one slice.
-      jit_compile: XLA-compile the replica step.
+      jit_compile: XLA-compile the replica step (True), or not (False); None: whichever is
+        faster on the CPU the run lands on (`training/step_path.py`: a short probe of both when
+        the run is long enough for it to pay). Changes rounding only, never what is computed.
       mixed_precision: "none", "float16" (with dynamic loss scaling) or "bfloat16".
       seed: model initialisation, masking, dropout and input order.
       shuffle_buffer: examples in each input pipeline's shuffle buffer.
@@ -103,7 +106,7 @@ class PretrainingConfig(JsonConfig):
     clip_norm: float = 1.0
     adam_beta_2: float = 0.999
     gradient_accumulation_steps: int = 1
-    jit_compile: bool = False
+    jit_compile: bool | None = None
     mixed_precision: str = "none"
     seed: int = 0
     shuffle_buffer: int = 1000

@@ -4,8 +4,10 @@ One loop a reader can follow:
 
   strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
   input:  strategy.distribute_datasets_from_function(pipeline.dataset_fn(..., start_step=step))
+  path:   the replica step as a plain graph or XLA-compiled: the faster on this CPU unless
+          the config says which (`step_path.choose`: a probe whose steps are undone)
   step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
-          optionally XLA-compiled; with gradient_accumulation_steps=N it sums the gradients of N
+          on that path; with gradient_accumulation_steps=N it sums the gradients of N
           micro-batches into one update, `accumulated_step`), and returns the global losses,
           token counts, float16 loss-scale skips and whether any worker asked to stop
           (`steps.py`)
@@ -88,6 +90,7 @@ from electra_tf.run_folder import (
     CHECKPOINT_PREFIX, DISCRIMINATOR_FOLDER, RECORD_FILE, RunFolderError, checkpoint_prefixes,
     kept_facts, model_checkpoint, read_record, restore_newest_readable, write_record)
 from electra_tf.training import optimizer as optimizer_lib
+from electra_tf.training import step_path
 from electra_tf.training.config import (
     MIXED_PRECISION, RESUME_FREE_FIELDS, RESUME_ON_REQUEST_FIELDS, PretrainingConfig,
     PretrainingConfigError)
@@ -291,17 +294,59 @@ def _check_finite(loss, bad_step: int, saved: str | None) -> None:
         raise NonFiniteLossError(message)
 
 
-def _train(model, opt, grad_norm, manager, saved: str | None, strategy, config: PretrainingConfig,
-           data_pattern, model_dir: str, skip_corrupt: bool, skipped_records: int | None):
-    """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call runs
-    `steps_per_loop` steps; then the NaN check, summaries, a log line, a checkpoint when due.
-    Returns (step, preempted, metrics, latest checkpoint)."""
+def _choose_step_path(model, opt, grad_norm, strategy, config: PretrainingConfig, model_config,
+                      data_pattern, skip_corrupt: bool):
+    """(the loop function, `step_path.StepPath`): the path `config.jit_compile` asks for, or,
+    when it is None, the faster on this CPU (`step_path.choose`: a probe on an input of its
+    own, every variable it changes put back, so the run goes on from the same state)."""
+    loops = {}
+
+    def loop_for(jit_compile: bool):
+        if jit_compile not in loops:
+            loops[jit_compile] = make_loop_fn(
+                model, strategy, jit_compile=jit_compile,
+                accumulation_steps=config.gradient_accumulation_steps)
+        return loops[jit_compile]
+
+    probe_input = []
+
+    def runner(jit_compile: bool):
+        loop = loop_for(jit_compile)
+        if not probe_input:
+            probe_input.append(iter(strategy.distribute_datasets_from_function(
+                pipeline.dataset_fn(data_pattern, config.train_batch_size, config.max_seq_length,
+                                    seed=config.seed, shuffle_buffer=config.shuffle_buffer,
+                                    skip_corrupt=skip_corrupt))))
+        no_stop = tf.constant(False)
+        return lambda n: float(loop(probe_input[0], tf.constant(n), no_stop)[0])
+
+    def snapshot():
+        inner = getattr(opt, "inner_optimizer", opt)
+        return step_path.Snapshot([*model.variables, *opt.variables, *inner.variables])
+
+    step = int(opt.iterations.numpy())
+    key = repr((model_config.to_dict(), config.train_batch_size, config.max_seq_length,
+                config.gradient_accumulation_steps, config.mixed_precision,
+                type(strategy).__name__, strategy.num_replicas_in_sync))
+    choice = step_path.choose(config.jit_compile, strategy=strategy,
+                              remaining_steps=config.num_train_steps - step, runner=runner,
+                              snapshot=snapshot, memo_key=key, log=logging.info)
+    for metric in (*model.metrics, grad_norm):  # what the probe's steps added
+        metric.reset_state()
+    logging.info("%s", choice.line())
+    return loop_for(choice.jit_compile), choice
+
+
+def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
+           config: PretrainingConfig, data_pattern, model_dir: str, skip_corrupt: bool,
+           skipped_records: int | None):
+    """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call of `loop`
+    runs `steps_per_loop` steps; then the NaN check, summaries, a log line, a checkpoint when
+    due. Returns (step, preempted, metrics, latest checkpoint)."""
     step = int(opt.iterations.numpy())
     iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
         start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
-    loop = make_loop_fn(model, strategy, jit_compile=config.jit_compile,
-                        accumulation_steps=config.gradient_accumulation_steps)
     writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if is_chief(strategy)
               else tf.summary.create_noop_writer())
     progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
@@ -437,15 +482,18 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
         manager = tf.train.CheckpointManager(checkpoint, write_dir, config.keep_checkpoint_max,
                                              checkpoint_name=CHECKPOINT_PREFIX)
         latest = _restore_or_initialise(checkpoint, model, opt, model_dir, init, changes)
+        loop, choice = _choose_step_path(model, opt, grad_norm, strategy, config, model_config,
+                                         data_pattern, skip_corrupt)
         if chief:
             write_record(model_dir, {
                 **(run_facts or {}), **kept_facts(model_dir, latest),
                 "flags": flags or {}, "model_config": model_config.to_dict(),
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
-                "strategy": type(strategy).__name__, "num_replicas": replicas})
+                "strategy": type(strategy).__name__, "num_replicas": replicas,
+                "step_path": choice.record()})
         step, preempted, metrics, saved = _train(
-            model, opt, grad_norm, manager, latest, strategy, config, data_pattern, model_dir,
-            skip_corrupt, skipped_records)
+            model, opt, grad_norm, loop, manager, latest, strategy, config, data_pattern,
+            model_dir, skip_corrupt, skipped_records)
         disc_dir = None
         if not preempted:
             # Every worker saves, as with checkpoints; only the chief's lands in model_dir (the

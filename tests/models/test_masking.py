@@ -118,6 +118,30 @@ def test_gumbel_sampling_matches_the_softmax_and_disallow_correct():
     assert (never_zero != 0).all()
 
 
+def test_the_noise_is_tensorflows_uniform_and_the_same_under_xla():
+    """`stateless_unit_floats` is `tf.random.stateless_uniform` bit for bit as a graph, and gives
+    the same floats inside an XLA cluster, where TensorFlow's own op converts the bits otherwise:
+    so the XLA-compiled step samples the tokens the graph samples."""
+    seed = tf.constant([5, 9], tf.int64)
+    shape = [3, 37, 11]
+
+    def draws():
+        return (masking.stateless_unit_floats(shape, seed),
+                tf.random.stateless_uniform(shape, seed, dtype=tf.float32))
+
+    ours, theirs = tf.function(draws)()
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    ours_xla, theirs_xla = tf.function(draws, jit_compile=True)()
+    np.testing.assert_array_equal(ours_xla.numpy(), ours.numpy())
+    assert not np.array_equal(theirs_xla.numpy(), theirs.numpy())  # why the helper exists
+    assert 0.0 <= ours.numpy().min() and ours.numpy().max() < 1.0
+
+    logits = tf.random.stateless_normal([4, 19, 50], [1, 1])
+    sample = lambda: masking.sample_replacements(logits, seed)  # noqa: E731
+    np.testing.assert_array_equal(tf.function(sample)().numpy(),
+                                  tf.function(sample, jit_compile=True)().numpy())
+
+
 def test_replace_tokens_labels_a_correct_sample_real():
     ids, mask = make_batch([40] * 8)
     out = run_mask(ids, mask)
