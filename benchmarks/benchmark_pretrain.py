@@ -9,11 +9,13 @@ Rows (dropout on, the full objective):
                   in-memory batches of the real shards
   function        the same step in `tf.function` (fp32)
   xla             the same step in `tf.function(jit_compile=True)`
-  binary          the electra-pretrain path: OneDeviceStrategy, the resumable input pipeline over
+  binary          the electra-pretrain path as it runs by default: the step path it chooses on
+                  this CPU (`training/step_path.py`: graph or XLA, printed), OneDeviceStrategy, the resumable input pipeline over
                   real shards (built on the fly from the embedded IMDB corpus), `steps_per_loop`
                   steps per call of the loop function, gradient-norm tracking (checkpoints and
                   summaries are excluded: they run every N steps and are I/O)
-  binary_xla      the same with the replica step XLA-compiled
+  binary_xla      the same with the replica step XLA-compiled (--jit_compile)
+  binary_graph    the same as a plain graph (--nojit_compile)
   binary_bf16     the binary path under `--mixed_precision=bfloat16` (Keras mixed_bfloat16)
   model_garden    TF Model Garden's ElectraPretrainer step (`benchmarks/model_garden_reference.py`), run
                   by the Python of a side venv with TF 2.20 given as --model_garden_python
@@ -58,6 +60,7 @@ from absl import app, flags, logging
 from benchmarks import child_env
 from electra_tf import cli
 from electra_tf.models.flops import training_flops_per_sequence
+from electra_tf.training.step_path import cpu_description
 
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
@@ -85,33 +88,13 @@ _MODEL_GARDEN = flags.DEFINE_string(
 _SERVE_ROW = flags.DEFINE_string("serve_row", None, "(internal) serve this row as a child process.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "(internal) the inputs of --serve_row.")
 
-ROWS = ("eager", "function", "xla", "binary", "binary_xla", "binary_bf16", "torch",
+ROWS = ("eager", "function", "xla", "binary", "binary_graph", "binary_xla", "binary_bf16", "torch",
         "model_garden")
 NAMES = {"eager": "bare step, eager", "function": "bare step, tf.function",
-         "xla": "bare step, XLA", "binary": "binary", "binary_xla": "binary XLA",
+         "xla": "bare step, XLA", "binary": "binary (default)", "binary_graph": "binary graph",
+         "binary_xla": "binary XLA",
          "binary_bf16": "binary bf16", "torch": "HF PyTorch reference",
          "model_garden": "Model Garden (TF 2.20)"}
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                "amx_tile", "amx_bf16")
-
-
-def cpu_description() -> str:
-    """The CPU model and which of the vector/matrix instructions that matter here it has."""
-    model, found = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags":
-                    found = set(value.split())
-    except OSError:
-        return model
-    have = [name for name in CPU_FEATURES if name in found]
-    lacks = [name for name in CPU_FEATURES if name not in found]
-    return (f"{model}, {os.cpu_count()} cores; has {' '.join(have) or '-'}; "
-            f"lacks {' '.join(lacks) or '-'}")
 
 
 def build_shards(config_vocab_size: int, seq_length: int, num_docs: int, workdir: str):
@@ -177,16 +160,16 @@ def bare_step(model_config, batches, mode: str):
     return (lambda: float(step(next(cycle))["loss"])), 1
 
 
-def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bool = False,
+def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bool | None = None,
                 mixed_precision: str = "none"):
-    """(one-loop callable, steps per call) of the electra-pretrain path."""
+    """(one-loop callable, steps per call, the `step_path.StepPath` it runs) of the
+    electra-pretrain path; `jit` None chooses the path as the binary does by default."""
     import keras
     import tensorflow as tf
 
     from electra_tf.data import pipeline
     from electra_tf.training.config import MIXED_PRECISION, PretrainingConfig
-    from electra_tf.training.loop import _build
-    from electra_tf.training.steps import make_loop_fn
+    from electra_tf.training.loop import _build, _choose_step_path
     from electra_tf.training.strategy import create_strategy
 
     strategy = create_strategy("one_device")
@@ -197,15 +180,18 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
     previous = keras.mixed_precision.global_policy()
     keras.mixed_precision.set_global_policy(MIXED_PRECISION[mixed_precision])
     try:  # layers take the policy when they are built
-        model, _, _ = _build(model_config, config, strategy)
+        model, opt, grad_norm = _build(model_config, config, strategy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+    # As `electra-pretrain`: the path it would choose for a run of 1M steps (a probe), or the
+    # one asked for.
+    loop, choice = _choose_step_path(model, opt, grad_norm, strategy, config, model_config, data,
+                                     skip_corrupt=False)
     iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data, batch, seq, seed=0)))
-    loop = make_loop_fn(model, strategy, jit_compile=jit)
     n = tf.constant(per_loop)
     stop = tf.constant(False)
-    return (lambda: float(loop(iterator, n, stop)[0])), per_loop
+    return (lambda: float(loop(iterator, n, stop)[0])), per_loop, choice
 
 
 def matmul_bound(model_config, features, worker=None) -> dict:
@@ -274,6 +260,8 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
           "steps)")
     for row, reason in skipped.items():
         print(f"  row {row} skipped: {reason}")
+    for row, path in measured.get("step_paths", {}).items():
+        print(f"  row {row} runs the {path['step_path']} step ({path['step_path_reason']})")
     header = (f"{'path':<24}{'s/step':>8}{'range':>15}{'steps/s':>9}{'tokens/s':>10}"
               f"{'GFLOP/s':>9}{'% bound':>9}{'x torch':>9}{'peak MiB':>10}")
     print(header)
@@ -335,10 +323,13 @@ def serve_row(row: str, workdir: str) -> None:
     if row in ("eager", "function", "xla"):
         step, per_call = bare_step(model_config, batches, row)
     else:
-        step, per_call = binary_step(
+        step, per_call, choice = binary_step(
             model_config, setup["data"], setup["batch_size"], setup["seq_length"],
-            setup["steps_per_loop"], jit=row == "binary_xla",
+            setup["steps_per_loop"], jit={"binary": None, "binary_xla": True}.get(row, False),
             mixed_precision="bfloat16" if row == "binary_bf16" else "none")
+        row_worker.serve(step, per_call, {"row": row, "step_path": choice.name,
+                                          "step_path_reason": choice.reason})
+        return
     row_worker.serve(step, per_call, {"row": row})
 
 
@@ -394,7 +385,9 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
         result = {"model_config": model_config, "samples": samples, "workdir": workdir,
                   "rows": rows, "failed": failed,
                   "tokens": float(np.mean([np.sum(b["input_mask"].numpy()) for b in batches])),
-                  "torch_info": workers["torch"].info if "torch" in workers else None}
+                  "torch_info": workers["torch"].info if "torch" in workers else None,
+                  "step_paths": {row: w.info for row, w in workers.items()
+                                 if "step_path" in w.info}}
         if bound:
             result["bound"] = matmul_bound(model_config, batches[0], workers.get("torch"))
     finally:
@@ -468,6 +461,9 @@ def main(argv):
         medians = {row: statistics.median(v) for row, v in measured["samples"].items()}
         with open(_JSON_OUT.value, "w") as f:
             json.dump({"config": _CONFIG.value, "batch_size": batch, "seq_length": seq,
+                       "cpu": cpu_description(),
+                       "step_paths": {row: info["step_path"]
+                                      for row, info in measured["step_paths"].items()},
                        "seconds_per_step": medians, "peak_rss_mib": measured["peak_rss_mib"],
                        "matmul_bound_seconds": {k: v for k, v in measured.get("bound", {}).items()
                                                 if k.endswith("_bound")}}, f, indent=1)

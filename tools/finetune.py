@@ -94,11 +94,17 @@ _SEED = flags.DEFINE_integer("seed", 0, "First seed.")
 _MAX_TRAIN = flags.DEFINE_integer("max_train_examples", None, "Use at most this many training "
                                   "examples (quick runs).")
 _MAX_EVAL = flags.DEFINE_integer("max_eval_examples", None, "Use at most this many eval examples.")
+_JIT = flags.DEFINE_bool(
+    "jit_compile", None, "XLA-compile the train step (--jit_compile) or not (--nojit_compile). "
+    "Unset: the faster of the two on this CPU, timed at start-up when the run is long enough "
+    "for the probe to pay (its steps are undone); logged, and recorded in results.json "
+    "(step_path).")
 
 _HPARAMS = {
     "learning_rate": _LEARNING_RATE, "layerwise_lr_decay": _LAYERWISE, "num_train_epochs": _EPOCHS,
     "train_batch_size": _BATCH, "eval_batch_size": _EVAL_BATCH, "max_seq_length": _MAX_SEQ,
     "warmup_proportion": _WARMUP, "weight_decay": _WEIGHT_DECAY, "log_every_steps": _LOG_EVERY,
+    "jit_compile": _JIT,
 }
 
 

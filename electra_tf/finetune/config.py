@@ -45,6 +45,9 @@ class FinetuningConfig(JsonConfig):
       null_score_diff_threshold: predict "no answer" above it (-2.75).
       log_every_steps: progress and TensorBoard summary interval.
       keep_best: keep the checkpoint with the best main metric (else the last epoch's).
+      jit_compile: XLA-compile the train step (True) or not (False); None: the faster of the
+        two on this CPU (`training/step_path.py`), timed when the run is long enough for the
+        probe to pay. Rounding only: not compared when a finished run is rerun.
     """
 
     learning_rate: float = 1e-4
@@ -67,6 +70,7 @@ class FinetuningConfig(JsonConfig):
     null_score_diff_threshold: float = -2.75
     log_every_steps: int = 100
     keep_best: bool = True
+    jit_compile: bool | None = None
 
     def __post_init__(self):
         def fail(field, message):

@@ -223,7 +223,10 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
 
     keras.utils.set_random_seed(seed)
     head, optimizer = _build_model(family, task, encoder, fc, strategy, steps.total)
-    train_step = _train_step(head, optimizer, strategy, data.train, fc.train_batch_size, seed)
+    train_step, step_choice = _train_step(head, optimizer, strategy, data.train,
+                                          fc.train_batch_size, seed, fc.jit_compile,
+                                          total_steps=steps.total, log=log)
+    log(step_choice.line())
     logbook = _TrainingLog(out, steps.total, fc.log_every_steps, log)
     best = _BestEpoch(fc.keep_best, keep_weights=bool(data.test_sets))
     for step in range(1, steps.total + 1):
@@ -246,7 +249,8 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
         model_dir=str(out.path), best_model_dir=str(out.path / "best"),
         num_train_examples=len(data.train_examples), num_eval_examples=len(data.eval_sets["dev"].examples),
         train_steps=steps.total, init_checkpoint=encoder.init_checkpoint, lower_case=lower_case,
-        submission=submission, settings=json.loads(json.dumps(settings, default=str))))
+        submission=submission, settings=json.loads(json.dumps(settings, default=str)),
+        step_path=step_choice.record()))
 
 
 # ---------------------------------------------------------------------------------------
@@ -471,14 +475,20 @@ def _build_model(family: TaskFamily, task: Task, encoder: _Encoder, fc: Finetuni
 
 
 def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
-                jit_compile: bool = False) -> Callable:
-    """A function that takes one optimizer step on the next global batch and returns its loss.
+                jit_compile: bool | None = None, *, total_steps: int = 0, log=None):
+    """(a function that takes one optimizer step on the next global batch and returns its loss,
+    the `step_path.StepPath` it runs on).
 
     Batches of a shuffled, repeated pass over `arrays` (reshuffled every pass, seeded). Each
     replica's loss is its share of the global-batch mean (its per-example losses summed, divided
-    by the global batch): Keras sums the replicas' gradients (`training.optimizer`).
+    by the global batch): Keras sums the replicas' gradients (`training.optimizer`). The replica
+    step is a graph or XLA-compiled as `jit_compile` says; None: the faster on this CPU for a
+    run of `total_steps` (`training.step_path.choose`: a probe on an input of its own whose
+    steps are undone).
     """
     import tensorflow as tf
+
+    from electra_tf.training import step_path
 
     # No tf.data autotuning: nothing here is tunable (a fixed prefetch), and an autotuned
     # iterator's destructor waits for the autotune thread's next wake-up, which stalled the end of
@@ -488,7 +498,6 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
     dataset = (tf.data.Dataset.from_tensor_slices(arrays)
                .shuffle(len(arrays["input_ids"]), seed=seed, reshuffle_each_iteration=True)
                .repeat().batch(batch, drop_remainder=True).prefetch(2).with_options(options))
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
 
     def step_fn(features):
         with tf.GradientTape() as tape:
@@ -498,14 +507,46 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
         optimizer.apply_gradients(zip(grads, head.trainable_variables))
         return loss
 
-    replica_step = tf.function(step_fn, jit_compile=jit_compile, reduce_retracing=True)
+    steps = {}
 
-    @tf.function
-    def train_step(iterator):
-        losses = strategy.run(replica_step, args=(next(iterator),))
-        return strategy.reduce("SUM", losses, axis=None)
+    def step_for(jit: bool):
+        if jit not in steps:
+            replica_step = tf.function(step_fn, jit_compile=jit, reduce_retracing=True)
 
-    return lambda: train_step(iterator)
+            @tf.function
+            def train_step(iterator):
+                losses = strategy.run(replica_step, args=(next(iterator),))
+                return strategy.reduce("SUM", losses, axis=None)
+
+            steps[jit] = train_step
+        return steps[jit]
+
+    probe_input = []
+
+    def runner(jit: bool):
+        train_step = step_for(jit)
+        if not probe_input:
+            probe_input.append(iter(strategy.experimental_distribute_dataset(dataset)))
+
+        def run(n):
+            for _ in range(n):
+                loss = train_step(probe_input[0])
+            float(loss)
+
+        return run
+
+    def snapshot():
+        return step_path.Snapshot([*head.variables, *optimizer.variables])
+
+    key = repr((type(head).__name__, [(v.path, tuple(v.shape)) for v in head.variables],
+                {k: v.shape[1:] for k, v in arrays.items()}, batch,
+                type(strategy).__name__, strategy.num_replicas_in_sync))
+    choice = step_path.choose(jit_compile, strategy=strategy, remaining_steps=total_steps,
+                              runner=runner, snapshot=snapshot, memo_key=key,
+                              log=log)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    train_step = step_for(choice.jit_compile)
+    return (lambda: train_step(iterator)), choice
 
 
 def warmup_steps(fc: FinetuningConfig, total_steps: int) -> float:
@@ -779,6 +820,11 @@ def _flat(settings: dict) -> dict:
     return out
 
 
+# Settings of how a run executes, not what it computes: a rerun that changes them reuses the
+# finished model (the train step's path changes rounding only).
+RUN_FREE_SETTINGS = ("jit_compile",)
+
+
 def check_finished_run(model_dir, settings: dict, overwrite: bool) -> None:
     """Raises RunFolderError naming every setting that differs when `model_dir` holds a finished
     model fine-tuned otherwise, unless `overwrite`. The same settings rerun (the new model
@@ -791,7 +837,8 @@ def check_finished_run(model_dir, settings: dict, overwrite: bool) -> None:
         differs = "its settings are not recorded (an earlier version wrote it)"
     else:
         recorded = _flat(recorded)
-        names = sorted(k for k in set(recorded) | set(settings) if recorded.get(k) != settings.get(k))
+        names = sorted(k for k in set(recorded) | set(settings)
+                       if recorded.get(k) != settings.get(k) and k not in RUN_FREE_SETTINGS)
         if not names:
             return
 

@@ -133,7 +133,11 @@ def off_cpu_reason(strategy) -> str | None:
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return ("several workers must run one path and each would time its own CPU; "
                 "force one with --jit_compile on every worker")
-    devices = getattr(strategy.extended, "worker_devices", ())
+    try:
+        devices = list(strategy.extended.worker_devices)
+    except (AttributeError, RuntimeError):  # the default strategy: TensorFlow's default device
+        devices = [d.name for d in tf.config.list_logical_devices()
+                   if d.device_type not in ("CPU",)][:1]
     if any("CPU" not in d.upper() for d in devices):
         return "not a CPU: the probe times CPU paths; force XLA with --jit_compile"
     return None

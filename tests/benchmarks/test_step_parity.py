@@ -84,7 +84,8 @@ def relative(ours, theirs) -> float:
 class Pair:
     """electra_tf's pretrainer as the binary builds it, and the reference with its weights."""
 
-    def __init__(self, torch, config: ElectraConfig, total_steps=1000, warmup=50, beta_2=0.98):
+    def __init__(self, torch, config: ElectraConfig, total_steps=1000, warmup=50, beta_2=0.98,
+                 jit_compile: bool = False):
         self.torch, self.config = torch, config
         train = PretrainingConfig(
             train_batch_size=8, num_train_steps=total_steps, learning_rate=3e-3,
@@ -95,7 +96,7 @@ class Pair:
         keras.utils.set_random_seed(train.seed)
         self.model, self.opt, _ = _build(config, train, self.strategy)
         self.opt.iterations.assign(START_STEP)
-        self.loop = make_loop_fn(self.model, self.strategy)
+        self.loop = make_loop_fn(self.model, self.strategy, jit_compile=jit_compile)
 
         torch.manual_seed(0)
         self.ref = torch_electra.build_networks(config)
@@ -198,12 +199,15 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_one_step_equals_the_pytorch_reference(torch, case):
+# Every case on the graph path; the default objective and ELECTRA 15% also on the XLA-compiled
+# step (the path `training/step_path.py` may choose).
+@pytest.mark.parametrize("case, jit_compile", [*((case, False) for case in CASES),
+                                               ("tied embeddings", True), ("ELECTRA 15%", True)])
+def test_one_step_equals_the_pytorch_reference(torch, case, jit_compile):
     config = ElectraConfig.from_json("electra_tiny").replace(
         vocab_size=VOCAB, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP, mask_token_id=MASK,
         hidden_dropout=0.0, attention_dropout=0.0, max_position_embeddings=SEQ, **CASES[case])
-    pair = Pair(torch, config)
+    pair = Pair(torch, config, jit_compile=jit_compile)
     correct_samples = 0
     for i, features in enumerate(batches(seed=len(case))):
         r = pair.step(features)

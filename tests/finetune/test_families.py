@@ -196,8 +196,12 @@ def test_training_step_minimises_the_mean_loss_of_the_global_batch():
     outputs, _ = _loss(head, f, training=True)
     want = np.mean(-_log_softmax(outputs["logits"])[np.arange(8), f["label"]])
     optimizer = create_finetuning_optimizer(FinetuningConfig(), 2, total_steps=10)
-    step = _train_step(head, optimizer, tf.distribute.get_strategy(), f, batch=8, seed=0)
-    np.testing.assert_allclose(float(step()), want, rtol=1e-5)
+    for jit_compile in (False, True):  # the graph and the XLA-compiled step (weights unchanged:
+        # the first update's learning rate is 0, the warmup's start)
+        step, path = _train_step(head, optimizer, tf.distribute.get_strategy(), f, batch=8,
+                                 seed=0, jit_compile=jit_compile)
+        assert path.jit_compile == jit_compile
+        np.testing.assert_allclose(float(step()), want, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------

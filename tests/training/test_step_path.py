@@ -142,6 +142,7 @@ def test_multi_worker_and_tpu_are_not_probed():
     assert "not a CPU" in step_path.off_cpu_reason(FakeStrategy())
     assert step_path.off_cpu_reason(create_strategy("one_device")) is None
     assert step_path.off_cpu_reason(create_strategy("mirrored")) is None  # the two test CPUs
+    assert step_path.off_cpu_reason(tf.distribute.get_strategy()) is None  # the default one
 
 
 def test_snapshot_puts_back_keras_and_mirrored_variables():
