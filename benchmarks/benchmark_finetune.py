@@ -27,6 +27,8 @@ _SEEDS = flags.DEFINE_integer("seeds", 3, "Fine-tuning runs, one after another."
 _EPOCHS = flags.DEFINE_integer("epochs", 1, "Epochs per run.")
 _TRAIN = flags.DEFINE_integer("train_examples", None, "Keep this many training sentences (default all).")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
+_JIT = flags.DEFINE_bool("jit_compile", None, "Force the train step's path (XLA or graph); unset: "
+                         "chosen as electra-finetune does (training/step_path.py).")
 
 
 def _frequency_vocab(path: str) -> str:
@@ -49,7 +51,8 @@ def main(argv):
     cfg = demo.DemoConfig()
     random_init = None if _INIT.value else demo.model_config(vocab, **dict(cfg.model_overrides))
     overrides = {"learning_rate": cfg.finetune_learning_rate, "keep_best": False,
-                 "num_train_epochs": _EPOCHS.value, "max_seq_length": cfg.max_seq_length}
+                 "num_train_epochs": _EPOCHS.value, "max_seq_length": cfg.max_seq_length,
+                 "jit_compile": _JIT.value}
     train, dev = rotten_tomatoes_examples("train"), rotten_tomatoes_examples("dev")
     strategy = resolve_strategy(None)
     rows = []
@@ -62,6 +65,8 @@ def main(argv):
                 marks["planned"] = now
             if message.startswith("eval epoch"):
                 marks["last_eval"] = now
+            if message.startswith("train step: "):
+                marks["path"] = message
 
         start = time.time()
         result = finetune("rotten_tomatoes", random_init, overrides, model_dir=os.path.join(work, f"seed_{seed}"),
@@ -74,6 +79,9 @@ def main(argv):
 
     print(f"\nRotten Tomatoes, {'random init' if random_init else _INIT.value}, {len(train) if not _TRAIN.value else _TRAIN.value}"
           f" sentences x {_EPOCHS.value} epoch(s), {os.cpu_count()} cores")
+    from electra_tf.cpu import cpu_description
+
+    print(f"CPU: {cpu_description()}; {marks.get('path', 'train step: ?')}")
     print(f"{'seed':>4} {'set-up s':>9} {'train+eval s':>13} {'steps/s':>8} {'end s':>7} {'wall s':>7} {'accuracy':>9}")
     for seed, setup, span, rate, tail, wall, accuracy in rows:
         print(f"{seed:>4} {setup:9.1f} {span:13.1f} {rate:8.1f} {tail:7.1f} {wall:7.1f} {accuracy:9.2f}")

@@ -60,7 +60,7 @@ from absl import app, flags, logging
 from benchmarks import child_env
 from electra_tf import cli
 from electra_tf.models.flops import training_flops_per_sequence
-from electra_tf.training.step_path import cpu_description
+from electra_tf.cpu import cpu_description
 
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config.")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
@@ -246,8 +246,7 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     print(f"ELECTRA pretraining step: config {config_name}, batch {batch} x length {seq}, "
           f"dropout on, objective {model_config.objective}")
     print(f"CPU: {cpu_description()}")
-    onednn = os.environ.get("TF_ENABLE_ONEDNN_OPTS", "1 (default)")
-    print(f"TensorFlow {tf.__version__} (TF_ENABLE_ONEDNN_OPTS={onednn})"
+    print(f"TensorFlow {tf.__version__}"
           + (f"; torch {torch_info['torch']}, transformers {torch_info['transformers']}, "
              f"{torch_info['threads']} threads, attention {torch_info['attn_implementation']}"
              if torch_info else ""))

@@ -1,9 +1,15 @@
 """electra_tf: ELECTRA (Clark et al., ICLR 2020) on TensorFlow 2 / Keras 3.
 
 `import electra_tf` is light; the Keras models (and TensorFlow) load on first use of a model name.
+It turns on TensorFlow's oneDNN kernels on AVX2-only CPUs, where TensorFlow leaves them off
+(`cpu.enable_onednn`; TF_ENABLE_ONEDNN_OPTS, when set, decides).
 """
 
+from electra_tf import cpu
 from electra_tf.config import ConfigError, ElectraConfig
+
+# Before TensorFlow is imported: its fast (oneDNN) kernels on AVX2-only CPUs (see cpu.py).
+cpu.enable_onednn()
 
 __version__ = "0.1.0"
 

@@ -25,10 +25,11 @@ computes), so the seeds of one fine-tuning command probe once.
 from __future__ import annotations
 
 import dataclasses
-import os
 import statistics
 import time
 from typing import Callable
+
+from electra_tf.cpu import onednn_description, vector_extensions
 
 GRAPH, XLA = "graph", "xla"
 # XLA is chosen only when its median step is this much faster than the graph's: below it the
@@ -42,44 +43,6 @@ PROBE_SHARE = 0.03
 XLA_COMPILE_FACTOR = 2.0
 ROUNDS = 3
 SAMPLE_SECONDS = 1.0  # the least time one timed sample of one path runs for
-
-CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
-                "amx_tile", "amx_bf16")
-
-
-def cpu_flags() -> tuple[str, set]:
-    """(the CPU's model name, its /proc/cpuinfo flags); ("unknown CPU", set()) elsewhere."""
-    model, found = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name":
-                    model = value.strip()
-                elif key.strip() == "flags" and not found:
-                    found = set(value.split())
-    except OSError:
-        pass
-    return model, found
-
-
-def vector_extensions() -> str:
-    """The vector and matrix instruction sets that matter here that this CPU has, e.g.
-    "avx2 fma avx512f avx512_vnni avx512_bf16", or "-"."""
-    _, found = cpu_flags()
-    return " ".join(name for name in CPU_FEATURES if name in found) or "-"
-
-
-def cpu_description() -> str:
-    """The CPU model, its cores, and which of `CPU_FEATURES` it has and lacks."""
-    model, found = cpu_flags()
-    if not found:
-        return model
-    have = [name for name in CPU_FEATURES if name in found]
-    lacks = [name for name in CPU_FEATURES if name not in found]
-    return (f"{model}, {os.cpu_count()} cores; has {' '.join(have) or '-'}; "
-            f"lacks {' '.join(lacks) or '-'}")
-
 
 @dataclasses.dataclass(frozen=True)
 class StepPath:
@@ -96,11 +59,13 @@ class StepPath:
 
     def line(self) -> str:
         """The log line: the path, why, and the CPU's vector extensions."""
-        return f"train step: {self.name} ({self.reason}; CPU has {vector_extensions()})"
+        return (f"train step: {self.name} ({self.reason}; CPU has {vector_extensions()}; "
+                f"{onednn_description()})")
 
     def record(self) -> dict:
         """For the run's record (pretraining_config.json, results.json)."""
-        out = {"path": self.name, "reason": self.reason, "cpu": vector_extensions()}
+        out = {"path": self.name, "reason": self.reason, "cpu": vector_extensions(),
+               "onednn": onednn_description()}
         if self.seconds_per_step:
             out["seconds_per_step"] = {k: round(v, 5) for k, v in self.seconds_per_step.items()}
         return out

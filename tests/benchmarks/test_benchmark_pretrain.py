@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from electra_tf.training import step_path
+from electra_tf import cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,7 +37,7 @@ def test_rows_bound_and_report(tmp_path):
     assert all(m > 100 for m in result["peak_rss_mib"].values())  # each row its own process
     assert result["matmul_bound_seconds"]["tf_bound"] > 0
     assert result["step_paths"]["binary"] in ("graph", "xla")
-    assert result["cpu"] == step_path.cpu_description()
+    assert result["cpu"] == cpu.cpu_description()
 
 
 def test_unknown_row_is_a_usage_error():

@@ -11,12 +11,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from electra_tf import run_folder
+from electra_tf import cpu, run_folder
 from electra_tf.config import ElectraConfig
 from electra_tf.training import step_path
 from electra_tf.training.config import PretrainingConfig
@@ -76,7 +77,7 @@ def test_xla_is_chosen_when_it_is_faster_by_the_margin():
     assert "XLA 1.50x faster" in chosen.reason and "graph 300 ms/step" in chosen.reason
     assert probe.built == [False, True] and probe.restored == 1
     record = chosen.record()
-    assert record["path"] == "xla" and record["cpu"] == step_path.vector_extensions()
+    assert record["path"] == "xla" and record["cpu"] == cpu.vector_extensions()
     assert "train step: xla (" in chosen.line()
 
 
@@ -164,14 +165,56 @@ def test_snapshot_puts_back_keras_and_mirrored_variables():
     assert int(steps.numpy()) == 7
 
 
-def test_cpu_description_names_the_vector_extensions():
-    model, flags = step_path.cpu_flags()
-    text = step_path.cpu_description()
+def test_cpu_description_names_the_vector_extensions_and_onednn():
+    model, flags = cpu.cpu_flags()
+    text = cpu.cpu_description()
     if flags:  # Linux
-        assert model in text and "has " in text and "lacks " in text
-        for name in step_path.CPU_FEATURES:
+        assert model in text and "has " in text and "lacks " in text and "oneDNN o" in text
+        for name in cpu.FEATURES:
             assert name in text
-        assert ("avx2" in step_path.vector_extensions().split()) == ("avx2" in flags)
+        assert ("avx2" in cpu.vector_extensions().split()) == ("avx2" in flags)
+
+
+def test_onednn_is_turned_on_for_avx2_cpus_that_tensorflow_leaves_off(monkeypatch):
+    """TensorFlow's Linux default turns oneDNN on only with VNNI/BF16/AMX (port.cc); an AVX2
+    CPU without them gets TF_ENABLE_ONEDNN_OPTS=1, unless the user set it or TensorFlow was
+    imported already. Checked on every CPU kind by faking /proc/cpuinfo's flags."""
+    def on(flags, environ=None, imported=False):
+        monkeypatch.setattr(cpu, "cpu_flags", lambda: ("fake", set(flags)))
+        monkeypatch.setattr(cpu, "onednn_set_because", None)
+        environ = dict(environ or {})
+        reason = cpu.enable_onednn(environ, {"tensorflow": tf} if imported else {})
+        return reason, environ.get(cpu.ONEDNN_VARIABLE), cpu.onednn_description(environ)
+
+    reason, value, text = on({"avx", "avx2", "fma"})  # Zen 2/3, or AVX-512 hidden by a VM
+    assert value == "1" and "AVX512_VNNI" in reason and text.startswith("oneDNN on (")
+    for flags in ({"avx2", "fma", "avx512f", "avx512_vnni"}, {"avx2", "fma", "avx_vnni"},
+                  {"avx", "sse4_2"}):  # TensorFlow's own default, or no AVX2 kernels
+        assert on(flags)[:2] == (None, None), flags
+    assert "TensorFlow's default" in on({"avx2", "fma", "avx512_bf16"})[2]
+    assert "turns on its AVX2 kernels" in on({"avx2", "fma"}, imported=True)[2]
+    assert on({"avx2", "fma"}, imported=True)[:2] == (None, None)
+    reason, value, text = on({"avx2", "fma"}, {cpu.ONEDNN_VARIABLE: "0"})
+    assert (reason, value) == (None, "0") and text == "oneDNN off (TF_ENABLE_ONEDNN_OPTS=0)"
+
+
+def test_importing_electra_tf_first_turns_onednn_on_in_a_fresh_process():
+    """The real thing: a process that imports electra_tf and then TensorFlow has oneDNN on
+    exactly when TensorFlow's default or our rule says so (on this CPU)."""
+    import subprocess
+
+    code = ("import electra_tf, electra_tf.cpu as c\n"
+            "from tensorflow.python.util import _pywrap_util_port as p\n"
+            "print(p.IsMklEnabled(), c.onednn_set_because is not None)")
+    env = {k: v for k, v in os.environ.items() if k != cpu.ONEDNN_VARIABLE}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    enabled, set_by_us = out.stdout.split()
+    _, flags = cpu.cpu_flags()
+    default_on = any(name in flags for name in cpu.TF_ONEDNN_DEFAULT_ON)
+    assert set_by_us == str({"avx2", "fma"} <= flags and not default_on)
+    assert enabled == str(default_on or set_by_us == "True")
 
 
 # --- the pretraining loop -------------------------------------------------------------------------
