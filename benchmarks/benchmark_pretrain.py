@@ -85,8 +85,38 @@ _JSON_OUT = flags.DEFINE_string("json_out", None, "Also write the results as JSO
 _MODEL_GARDEN = flags.DEFINE_string(
     "model_garden_python", None, "Python of a side venv with TF 2.20 + tf-models-official (see "
     "benchmarks/model_garden_reference.py): adds the model_garden row.")
+_EMULATE_AVX2 = flags.DEFINE_bool(
+    "emulate_avx2", False, "Run every row as on an AVX2-only CPU (Zen 2/3, or a VM hiding "
+    "AVX-512): oneDNN, XLA and PyTorch limited to AVX2 code (AVX2_ENV), electra_tf's rows with "
+    "the oneDNN setting its rule gives such a CPU (on) and Model Garden with TensorFlow's "
+    "default there (off). Needs a CPU with AVX-512; quote it as emulated.")
 _SERVE_ROW = flags.DEFINE_string("serve_row", None, "(internal) serve this row as a child process.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "(internal) the inputs of --serve_row.")
+
+# An AVX2-only CPU, emulated on one with AVX-512: no library emits AVX-512 code.
+AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2", "XLA_FLAGS": "--xla_cpu_max_isa=AVX2",
+            "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def row_environment(row: str, emulate_avx2: bool) -> dict:
+    """The environment of a row's process. TensorFlow's oneDNN switch (TF_ENABLE_ONEDNN_OPTS)
+    is set for every TensorFlow row, unless the user set it: electra_tf's rows get what
+    `electra_tf.cpu` decides for the CPU (emulated: an AVX2-only one, so on), Model Garden's
+    what TensorFlow decides by itself (its child imports `electra_tf.config`, which would
+    otherwise apply our rule to it)."""
+    from electra_tf import cpu
+
+    env = dict(os.environ)
+    if emulate_avx2:
+        env.update(AVX2_ENV)
+    if cpu.ONEDNN_VARIABLE in os.environ or row == "torch":
+        return env
+    _, found = cpu.cpu_flags()
+    tf_default = not emulate_avx2 and any(name in found for name in cpu.TF_ONEDNN_DEFAULT_ON)
+    ours = tf_default or (emulate_avx2 or {"avx2", "fma"} <= found)
+    env[cpu.ONEDNN_VARIABLE] = "1" if (tf_default if row == "model_garden" else ours) else "0"
+    return env
+
 
 ROWS = ("eager", "function", "xla", "binary", "binary_graph", "binary_xla", "binary_bf16", "torch",
         "model_garden")
@@ -246,6 +276,11 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     print(f"ELECTRA pretraining step: config {config_name}, batch {batch} x length {seq}, "
           f"dropout on, objective {model_config.objective}")
     print(f"CPU: {cpu_description()}")
+    if _EMULATE_AVX2.value:
+        print("EMULATED AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()))
+    print("oneDNN per row: " + ", ".join(
+        f"{row} {row_environment(row, _EMULATE_AVX2.value).get('TF_ENABLE_ONEDNN_OPTS', '-')}"
+        for row in rows if row != "torch"))
     print(f"TensorFlow {tf.__version__}"
           + (f"; torch {torch_info['torch']}, transformers {torch_info['transformers']}, "
              f"{torch_info['threads']} threads, attention {torch_info['attn_implementation']}"
@@ -351,14 +386,14 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     try:
         for row in rows:
             logging.info("building and warming up row %s ...", row)
-            env = None
+            env = row_environment(row, _EMULATE_AVX2.value)
             if row == "torch":
                 command = [sys.executable, "-m", "benchmarks.torch_reference", workdir]
             elif row == "model_garden":
                 # By file: the side venv has `electra_tf` on PYTHONPATH but no install of it.
                 command = [_MODEL_GARDEN.value, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                              "model_garden_reference.py"), workdir]
-                env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(
+                env = {**env, "PYTHONPATH": os.path.dirname(os.path.dirname(
                     os.path.abspath(cli.__file__)))}
             else:
                 command = [sys.executable, "-m", "benchmarks.benchmark_pretrain", f"--serve_row={row}",
@@ -460,7 +495,7 @@ def main(argv):
         medians = {row: statistics.median(v) for row, v in measured["samples"].items()}
         with open(_JSON_OUT.value, "w") as f:
             json.dump({"config": _CONFIG.value, "batch_size": batch, "seq_length": seq,
-                       "cpu": cpu_description(),
+                       "cpu": cpu_description(), "emulated_avx2": _EMULATE_AVX2.value,
                        "step_paths": {row: info["step_path"]
                                       for row, info in measured["step_paths"].items()},
                        "seconds_per_step": medians, "peak_rss_mib": measured["peak_rss_mib"],

@@ -495,9 +495,14 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
     # a run for up to ~35 s (seen in `gdb`: ~Iterator joining Model::OptimizeLoop).
     options = tf.data.Options()
     options.autotune.enabled = False
-    dataset = (tf.data.Dataset.from_tensor_slices(arrays)
-               .shuffle(len(arrays["input_ids"]), seed=seed, reshuffle_each_iteration=True)
-               .repeat().batch(batch, drop_remainder=True).prefetch(2).with_options(options))
+
+    def distributed_input():
+        # A dataset object of its own each time: its shuffle's seed state advances with every
+        # iterator made from it, so the probe's input must not come from the run's dataset.
+        dataset = (tf.data.Dataset.from_tensor_slices(arrays)
+                   .shuffle(len(arrays["input_ids"]), seed=seed, reshuffle_each_iteration=True)
+                   .repeat().batch(batch, drop_remainder=True).prefetch(2).with_options(options))
+        return iter(strategy.experimental_distribute_dataset(dataset))
 
     def step_fn(features):
         with tf.GradientTape() as tape:
@@ -526,7 +531,7 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
     def runner(jit: bool):
         train_step = step_for(jit)
         if not probe_input:
-            probe_input.append(iter(strategy.experimental_distribute_dataset(dataset)))
+            probe_input.append(distributed_input())
 
         def run(n):
             for _ in range(n):
@@ -544,7 +549,7 @@ def _train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: int,
     choice = step_path.choose(jit_compile, strategy=strategy, remaining_steps=total_steps,
                               runner=runner, snapshot=snapshot, memo_key=key,
                               log=log)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = distributed_input()
     train_step = step_for(choice.jit_compile)
     return (lambda: train_step(iterator)), choice
 

@@ -46,3 +46,27 @@ def test_unknown_row_is_a_usage_error():
     assert run.returncode != 0
     assert "--rows: unknown row(s) warp" in run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_row_environments_set_onednn_as_each_framework_would(monkeypatch):
+    """Emulating an AVX2-only CPU: every row limited to AVX2 code; our rows with oneDNN on (what
+    `electra_tf.cpu` sets there), Model Garden with TensorFlow's default there (off), PyTorch
+    untouched. A TF_ENABLE_ONEDNN_OPTS the user set is left to every row."""
+    from benchmarks import benchmark_pretrain as bench
+
+    monkeypatch.delenv(cpu.ONEDNN_VARIABLE, raising=False)
+    for row in ("binary", "binary_xla", "function"):
+        env = bench.row_environment(row, emulate_avx2=True)
+        assert env[cpu.ONEDNN_VARIABLE] == "1" and env["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+        assert env["XLA_FLAGS"] == "--xla_cpu_max_isa=AVX2"
+    assert bench.row_environment("model_garden", emulate_avx2=True)[cpu.ONEDNN_VARIABLE] == "0"
+    torch_env = bench.row_environment("torch", emulate_avx2=True)
+    assert cpu.ONEDNN_VARIABLE not in torch_env and torch_env["ATEN_CPU_CAPABILITY"] == "avx2"
+    native = bench.row_environment("model_garden", emulate_avx2=False)
+    _, flags = cpu.cpu_flags()
+    default_on = any(name in flags for name in cpu.TF_ONEDNN_DEFAULT_ON)
+    assert native[cpu.ONEDNN_VARIABLE] == ("1" if default_on else "0")
+    assert "ONEDNN_MAX_CPU_ISA" not in native or native["ONEDNN_MAX_CPU_ISA"] == os.environ.get(
+        "ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setenv(cpu.ONEDNN_VARIABLE, "0")
+    assert bench.row_environment("binary", emulate_avx2=True)[cpu.ONEDNN_VARIABLE] == "0"

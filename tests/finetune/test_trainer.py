@@ -372,3 +372,38 @@ def test_mirrored_matches_one_device(tmp_path, tiny_config, vocab_file):
     # Same global batches, per-replica losses scaled by the global batch: the same updates.
     for path, value in runs["one_device"].items():
         np.testing.assert_allclose(runs["mirrored"][path], value, atol=2e-5, err_msg=path)
+
+
+@pytest.mark.slow  # four short fine-tuning runs of the tiny model (~30 s)
+@pytest.mark.parametrize("margin, jit", [(-1.0, True), (1e9, False)])
+def test_the_step_path_probe_is_undone(tmp_path, tiny_config, vocab_file, monkeypatch, margin,
+                                       jit):
+    """The probe (forced to run; `margin` decides its choice) trains the head for real on an
+    input of its own; its steps are undone and the run's input is untouched, so the fine-tuned
+    model equals that of a run given the chosen path (bit for bit), and results.json says which
+    path ran and why."""
+    from electra_tf.training import step_path
+
+    monkeypatch.setattr(step_path, "PROBE_SHARE", 1e9)
+    monkeypatch.setattr(step_path, "MARGIN", margin)
+    monkeypatch.setattr(step_path, "SAMPLE_SECONDS", 0.0)
+    monkeypatch.setattr(step_path, "_MEMO", {})
+    folder = tmp_path / "discriminator"
+    save_electra_checkpoint(Discriminator(tiny_config), tiny_config, folder, vocab_file=vocab_file)
+    runs = {}
+    for name, fc in (("probed", FC.replace(num_train_epochs=1)),
+                     ("forced", FC.replace(num_train_epochs=1, jit_compile=jit))):
+        result = finetune("rotten_tomatoes", finetuning_config=fc, init_checkpoint=folder,
+                          model_dir=tmp_path / name, seed=2, max_train_examples=48,
+                          max_eval_examples=16)
+        head, _, _ = load_finetuned(tmp_path / name / "best")
+        runs[name] = ({v.path: v.numpy() for v in head.weights}, result)
+    record = json.loads((tmp_path / "probed" / "results.json").read_text())["step_path"]
+    assert record["path"] == ("xla" if jit else "graph")
+    assert set(record["seconds_per_step"]) == {"graph", "xla"}
+    assert "given" in runs["forced"][1]["step_path"]["reason"]
+    (probed, probed_result), (forced, forced_result) = runs["probed"], runs["forced"]
+    assert probed_result["history"] == forced_result["history"]
+    assert set(probed) == set(forced) and len(probed) > 10
+    for path in probed:
+        np.testing.assert_array_equal(probed[path], forced[path], err_msg=path)
