@@ -1,10 +1,11 @@
 """Which compilation the train step runs with on this CPU: a plain `tf.function` graph or XLA.
 
-Neither is faster everywhere. Measured with `benchmarks/benchmark_pretrain.py` (BUILD.md, "Step
-path"): on a 2-core EPYC with AVX-512 the graph's step (oneDNN's AVX-512 GEMMs) beat the XLA-
-compiled one by 1.26x on the demo's model, while on an EPYC whose virtual machine exposes AVX2 only
-XLA's step was 1.27x (ELECTRA-Small) to 1.47x (demo) faster. A rule on the CPU's flags would
-encode two machines; the time of the step itself decides on every CPU, so `choose` times both.
+Neither is faster everywhere. Measured with `benchmarks/benchmark_pretrain.py` (BUILD.md, "Fast
+on every CPU kind"): with TensorFlow's oneDNN kernels on (`electra_tf/cpu.py`), the graph beat
+XLA by 1.07-1.16x on an AVX-512 EPYC and was within 5% of it on the same CPU limited to AVX2;
+with oneDNN off (TensorFlow's default on AVX2-only CPUs) XLA was 1.47x faster. A rule on the
+CPU's flags would encode the machines measured; the time of the step itself decides on every
+CPU, so `choose` times both.
 
 `choose(requested, ...)`:
   - `requested` True / False (`--jit_compile` / `--nojit_compile`): that path, no probe.
