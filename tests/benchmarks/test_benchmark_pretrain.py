@@ -52,7 +52,7 @@ def test_row_environments_set_onednn_as_each_framework_would(monkeypatch):
     """Emulating an AVX2-only CPU: every row limited to AVX2 code; our rows with oneDNN on (what
     `electra_tf.cpu` sets there), Model Garden with TensorFlow's default there (off), PyTorch
     untouched. A TF_ENABLE_ONEDNN_OPTS the user set is left to every row."""
-    from benchmarks import benchmark_pretrain as bench
+    from benchmarks import emulation as bench
 
     monkeypatch.delenv(cpu.ONEDNN_VARIABLE, raising=False)
     for row in ("binary", "binary_xla", "function"):
