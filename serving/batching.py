@@ -45,6 +45,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format, wrappers_pb2
 
 from electra_tf.serving.errors import ServingError, invalid, unavailable, without_paths
+from electra_tf.serving.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -212,8 +213,9 @@ def _batch_rows(inputs: Mapping[str, np.ndarray]) -> int | None:
 class Batcher:
     """Merges concurrent requests into batches; see the module docstring."""
 
-    def __init__(self, parameters: BatchingParameters = BatchingParameters()):
+    def __init__(self, parameters: BatchingParameters = BatchingParameters(), *, metrics: Metrics | None = None):
         self.parameters = parameters
+        self._metrics = metrics if metrics is not None else Metrics()  # serving.metrics; off by default
         self._queues: dict[object, _Queue] = {}
         self._cond = threading.Condition()
         self._stopping = False
@@ -318,6 +320,7 @@ class Batcher:
             self.stats.update(counts)
 
     def _process(self, batch: list[_Task]) -> None:
+        self._metrics.observe_batch(sum(task.rows for task in batch))
         if len(batch) == 1:
             self._count(batches=1)
             return batch[0].run_alone()

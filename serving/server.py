@@ -22,6 +22,7 @@ The modules, from the model outward:
   rest.py              the REST routes;
   grpc_api.py          the gRPC services and TensorProto conversion;
   budget.py            how many request bytes are parsed at once (the memory a request may cost);
+  metrics.py           Prometheus metrics under TF Serving's names (--monitoring_config_file);
   errors.py            status codes and their HTTP equivalents;
   server.py            `ModelServer`, which puts them together.
 
@@ -61,6 +62,7 @@ from electra_tf.serving.defaults import (
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
 from electra_tf.serving.manager import ModelManager
+from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
 from electra_tf.serving.rest import RestServer
 
@@ -127,6 +129,8 @@ class ModelServer:
         batching: TF Serving's `--enable_batching` with these parameters (see
             serving.batching); None runs each request on its own.
         grpc_threads: gRPC worker pool size.
+        metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
+            as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
 
     Example:
 
@@ -151,6 +155,7 @@ class ModelServer:
         model_threads: int | None = None,
         batching: BatchingParameters | None = None,
         grpc_threads: int = 16,
+        metrics_path: str | None = None,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -161,7 +166,8 @@ class ModelServer:
             raise ValueError("max_body_bytes and max_batch_size must be positive")
         if rest_idle_timeout_seconds <= 0 or rest_max_connections <= 0:
             raise ValueError("rest_idle_timeout_seconds and rest_max_connections must be positive")
-        self.manager = ModelManager(models)
+        self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
+        self.manager = ModelManager(models, metrics=self.metrics)
         self.host = host
         self.max_body_bytes = max_body_bytes
         self.max_batch_size = max_batch_size
@@ -205,7 +211,7 @@ class ModelServer:
             except ServingError:
                 log.warning("model %r has no loadable version yet; waiting for one to appear", name)
         rest_port, grpc_port = self._requested_ports
-        self.scheduler = Batcher(self.batching) if self.batching else Unbatched(self._model_threads)
+        self.scheduler = Batcher(self.batching, metrics=self.metrics) if self.batching else Unbatched(self._model_threads)
         try:
             if rest_port is not None:
                 try:
@@ -226,8 +232,10 @@ class ModelServer:
                         ("grpc.so_reuseport", 0),
                     ],
                 )
-                add_servicer(self._grpc, PredictionService(self), prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"])
-                add_servicer(self._grpc, ModelService(self), model_service_pb2.DESCRIPTOR.services_by_name["ModelService"])
+                add_servicer(self._grpc, PredictionService(self), prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
+                             self.metrics)
+                add_servicer(self._grpc, ModelService(self), model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
+                             self.metrics)
                 target = f"[{self.host}]:{grpc_port}" if ":" in self.host else f"{self.host}:{grpc_port}"
                 try:
                     self.grpc_port = self._grpc.add_insecure_port(target)

@@ -8,7 +8,8 @@ Serving disables REST with --rest_api_port=0); the bound URLs are logged. Batchi
 Serving's --enable_batching and --batching_parameters_file; --rest_idle_timeout_seconds,
 --rest_max_connections and --model_threads are this server's own (serving/rest_connections.py,
 serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism are
-TF Serving's; their default differs (see `intra_op_threads`).
+TF Serving's; their default differs (see `intra_op_threads`). --monitoring_config_file is TF
+Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 """
 
@@ -21,6 +22,7 @@ from absl import app, flags, logging
 from electra_tf import cli
 from electra_tf.serving import model_config
 from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.metrics import read_monitoring_config
 from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
@@ -47,6 +49,9 @@ flags.DEFINE_string("batching_parameters_file", None,
                     "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
                     " max_enqueued_batches, num_batch_threads) instead of TF Serving's defaults.")
 flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads.")
+flags.DEFINE_string("monitoring_config_file", None,
+                    "A text MonitoringConfig proto (TF Serving's), e.g. prometheus_config { enable: true"
+                    ' path: "/monitoring/prometheus/metrics" }: Prometheus metrics at that path on the REST port.')
 flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
                      "Threads one TensorFlow op may use (TF Serving's flag). 0: the cores divided by the model"
                      " calls that may run at once (--model_threads, or num_batch_threads with batching), at least 1.")
@@ -84,6 +89,12 @@ def main(argv):
     for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
         if FLAGS[name].value < 0:
             raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
+    metrics_path = None
+    if FLAGS.monitoring_config_file:
+        try:  # before the models load: a typo costs a second, not a load
+            metrics_path = read_monitoring_config(FLAGS.monitoring_config_file)
+        except ValueError as e:  # one line naming the file and the fault
+            raise SystemExit(f"electra-serve: error: --monitoring_config_file: {e}") from None
 
     import tensorflow as tf
 
@@ -104,6 +115,7 @@ def main(argv):
         model_threads=FLAGS.model_threads,
         batching=batching,
         grpc_threads=FLAGS.grpc_threads,
+        metrics_path=metrics_path,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls
@@ -124,6 +136,8 @@ def main(argv):
         host = f"[{server.host}]" if ":" in server.host else server.host
         logging.info("REST API at http://%s:%d/v1/models/{%s}", host, server.rest_port, ",".join(server.model_names))
         logging.info("gRPC API at %s:%d", host, server.grpc_port)
+        if metrics_path:
+            logging.info("Prometheus metrics at http://%s:%d%s", host, server.rest_port, metrics_path)
         while not stop.wait(0.5):
             pass
         logging.info("stopping")
