@@ -9,6 +9,10 @@ Both clients return the same Python values for the same request:
 - `metadata()`, `status()`: the REST JSON of GetModelMetadata / GetModelStatus.
 - `classify_texts(texts, text_pairs)`: the exporter's `text` (+ `text_pair`) ->
   `probabilities` / `label` contract, one dict of plain Python values per example.
+- `classify(examples, context)`, `regress(examples, context)`: TF Serving's Classify and
+  Regress APIs on tf.Examples given as dicts of feature name -> value (a str, bytes, int or
+  float, or a list of them): one list of (label, score) per example / one float per example;
+  scores and values are the float32 the model answered, in their shortest decimal.
 
 `RestClient` uses only the standard library (and numpy); `GrpcClient` needs the
 `tensorflow-serving-api` package.
@@ -26,11 +30,13 @@ import base64
 import json
 import urllib.error
 import urllib.request
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 DEFAULT_SIGNATURE = "serving_default"
+# The classify / regress signatures of electra_tf's classification / regression exports.
+CLASSIFY_SIGNATURE, REGRESS_SIGNATURE = "classify", "regress"
 
 # DataType enum names (tensorflow/core/framework/types.proto) -> numpy dtypes.
 _NUMPY_DTYPES = {
@@ -90,6 +96,17 @@ class _Client:
     def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
+    def classify(self, examples: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None,
+                 signature_name: str = CLASSIFY_SIGNATURE, version: int | None = None) -> list[list[tuple[str, float]]]:
+        """TF Serving's Classify on `examples` (each with the `context` features it lacks): the
+        (label, score) of every class, one list per example."""
+        raise NotImplementedError
+
+    def regress(self, examples: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None,
+                signature_name: str = REGRESS_SIGNATURE, version: int | None = None) -> list[float]:
+        """TF Serving's Regress on `examples` (each with the `context` features it lacks): one value per example."""
+        raise NotImplementedError
+
     def metadata(self, version: int | None = None) -> dict:
         raise NotImplementedError
 
@@ -120,6 +137,12 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, bytes):
         return {"b64": base64.b64encode(value).decode("ascii")}
     return value.item() if isinstance(value, np.generic) else value
+
+
+def _float32(value: float) -> float:
+    """A score as the shortest decimal of the float32 the model answered (0.1, not
+    0.10000000149011612), as REST writes it; gRPC's float field gives the same value."""
+    return float(str(np.float32(value)))
 
 
 def _from_json(value: Any, dtype_name: str) -> np.ndarray:
@@ -189,6 +212,19 @@ class RestClient(_Client):
             rows = response["predictions"]
             columns = {names[0]: rows} if len(names) == 1 else {n: [row[n] for row in rows] for n in names}
         return {n: _from_json(v, outputs[n]["dtype"]) for n, v in columns.items()}
+
+    def classify(self, examples, context=None, signature_name=CLASSIFY_SIGNATURE, version=None):
+        results = self._examples_call("classify", examples, context, signature_name, version)
+        return [[(label, _float32(score)) for label, score in row] for row in results]
+
+    def regress(self, examples, context=None, signature_name=REGRESS_SIGNATURE, version=None):
+        return [_float32(value) for value in self._examples_call("regress", examples, context, signature_name, version)]
+
+    def _examples_call(self, verb: str, examples, context, signature_name: str, version: int | None) -> list:
+        body = {"signature_name": signature_name, "examples": _json_value([dict(e) for e in examples])}
+        if context is not None:
+            body["context"] = _json_value(dict(context))
+        return self._call(self._url(version, f":{verb}"), body)["results"]
 
 
 class GrpcClient(_Client):
@@ -279,6 +315,49 @@ class GrpcClient(_Client):
             request.inputs[name].CopyFrom(tf.make_tensor_proto(value, dtype=dtype))
         response = self._rpc(self.prediction_stub.Predict, request)
         return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+    def classify(self, examples, context=None, signature_name=CLASSIFY_SIGNATURE, version=None):
+        from tensorflow_serving.apis import classification_pb2
+
+        request = classification_pb2.ClassificationRequest()
+        self._spec(request.model_spec, version, signature_name)
+        _fill_input(request.input, examples, context)
+        response = self._rpc(self.prediction_stub.Classify, request)
+        return [[(c.label, _float32(c.score)) for c in one.classes] for one in response.result.classifications]
+
+    def regress(self, examples, context=None, signature_name=REGRESS_SIGNATURE, version=None):
+        from tensorflow_serving.apis import regression_pb2
+
+        request = regression_pb2.RegressionRequest()
+        self._spec(request.model_spec, version, signature_name)
+        _fill_input(request.input, examples, context)
+        response = self._rpc(self.prediction_stub.Regress, request)
+        return [_float32(r.value) for r in response.result.regressions]
+
+
+def _fill_input(model_input, examples: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None) -> None:
+    """A Classify / Regress request's `input`: `example_list`, or `example_list_with_context`."""
+    if context is None:
+        for features in examples:
+            _fill_example(model_input.example_list.examples.add(), features)
+        return
+    _fill_example(model_input.example_list_with_context.context, context)
+    for features in examples:
+        _fill_example(model_input.example_list_with_context.examples.add(), features)
+
+
+def _fill_example(example, features: Mapping[str, Any]) -> None:
+    """`features` into a tf.Example, typed as TF Serving's REST API types JSON values: strings,
+    bytes and {"b64": ...} -> bytes_list, floats (or ints among floats) -> float_list, ints -> int64_list."""
+    for name, value in features.items():
+        values = list(value) if isinstance(value, (list, tuple, np.ndarray)) else [value]
+        feature = example.features.feature[name]
+        if any(isinstance(v, (str, bytes, dict)) for v in values):
+            feature.bytes_list.value.extend(_strings_to_bytes(values))
+        elif any(isinstance(v, (float, np.floating)) for v in values):
+            feature.float_list.value.extend(float(v) for v in values)
+        elif values:
+            feature.int64_list.value.extend(int(v) for v in values)
 
 
 def _strings_to_bytes(value: Any) -> Any:

@@ -1,4 +1,5 @@
-"""TF Serving's gRPC services: PredictionService (Predict, GetModelMetadata), ModelService.
+"""TF Serving's gRPC services: PredictionService (Predict, Classify, Regress, MultiInference,
+GetModelMetadata), ModelService. Classify, Regress and MultiInference are `inference_api`'s.
 
 Request TensorProtos become numpy arrays with their shapes checked first (a few bytes must not ask
 for any size), outputs are written with the typed `*_val` fields as TF Serving writes them, and a
@@ -18,15 +19,19 @@ import tensorflow as tf
 from google.protobuf import message_factory
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
 from electra_tf.serving.budget import trim_heap
 from electra_tf.serving.errors import ServingError, invalid, not_found, without_paths
+from electra_tf.serving.inference_api import proto_call
 from electra_tf.serving.manager import ModelManager
 
 if TYPE_CHECKING:
@@ -51,13 +56,15 @@ def _parse(message_class, data: bytes):
         raise invalid(f"the request is not a valid {name}: {type(e).__name__}: {e}") from None
 
 
-def add_servicer(server: grpc.Server, servicer, service) -> None:
+def add_servicer(server: grpc.Server, servicer, service, metrics=None) -> None:
     """Register every unary method of `service` (a ServiceDescriptor) to `servicer`'s method of
-    that name, which receives the serialized request (see `_parse`)."""
+    that name, which receives the serialized request (see `_parse`); with `metrics` (a
+    serving.metrics.Metrics) each call is counted and timed under its method's name."""
     handlers = {}
     for method in service.methods:
+        behaviour = getattr(servicer, method.name)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name),
+            metrics.grpc_method(behaviour, method.name) if metrics is not None else behaviour,
             response_serializer=message_factory.GetMessageClass(method.output_type).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
@@ -200,6 +207,33 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         app = self.app
         return _grpc_call(context, lambda: predict_proto(app.manager, data, app.max_batch_size, app.scheduler,
                                                          max_elements=app.max_body_bytes, budget=app.parse_budget))
+
+    def Classify(self, data, context):  # noqa: N802
+        return _grpc_call(context, lambda: self._examples_api(classification_pb2.ClassificationRequest, data))
+
+    def Regress(self, data, context):  # noqa: N802
+        return _grpc_call(context, lambda: self._examples_api(regression_pb2.RegressionRequest, data))
+
+    def MultiInference(self, data, context):  # noqa: N802
+        return _grpc_call(context, lambda: self._examples_api(inference_pb2.MultiInferenceRequest, data))
+
+    def _examples_api(self, request_class, data: bytes):
+        """Classify, Regress or MultiInference (serving.inference_api): the request is parsed and
+        its examples built while it holds its size of the parse budget, as Predict's; the model
+        runs after."""
+        app = self.app
+
+        def servable_of(model_spec):
+            if not model_spec.name:
+                raise invalid("model_spec.name is required")
+            return app.manager.servable(model_spec.name, _grpc_version(model_spec))
+
+        with app.parse_budget.hold(len(data)):
+            run = proto_call(_parse(request_class, data), servable_of, app.max_batch_size)
+        try:
+            return run(app.scheduler)
+        finally:
+            trim_heap(len(data))
 
     def GetModelMetadata(self, data, context):  # noqa: N802
         def run():

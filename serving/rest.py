@@ -1,7 +1,8 @@
 """TF Serving's REST routes over `rest_connections.ConnectionServer`.
 
-`GET /v1/models/NAME[/versions/V][/metadata]` and `POST /v1/models/NAME[/versions/V]:predict`;
-connection handling, deadlines and limits are `rest_connections`'; the JSON is `json_api`'s.
+`GET /v1/models/NAME[/versions/V][/metadata]` and `POST /v1/models/NAME[/versions/V]:predict`,
+`:classify` and `:regress`; connection handling, deadlines and limits are `rest_connections`'; the
+JSON is `json_api`'s (`inference_api`'s for :classify and :regress).
 """
 
 from __future__ import annotations
@@ -10,12 +11,10 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
-import grpc
-
 from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, not_found, shown, without_paths
-from electra_tf.serving.json_api import metadata_json, parse_json_body, predict_json, status_json
+from electra_tf.serving.inference_api import inference_json
+from electra_tf.serving.json_api import metadata_json, predict_json, status_json
 from electra_tf.serving.rest_connections import ConnectionServer, JsonRequestHandler
-from electra_tf.serving.servables import DEFAULT_SIGNATURE, PREDICT_METHOD
 
 if TYPE_CHECKING:
     from electra_tf.serving.server import ModelServer
@@ -36,7 +35,8 @@ class _RestHandler(JsonRequestHandler):
 
     def _handle(self, fn) -> None:
         try:
-            status, payload = fn()
+            with self.server.app.metrics.request(*_metric_labels(self.command, self.path), "REST"):
+                status, payload = fn()
         except ServingError as e:
             return self.send_error(HTTP_STATUS.get(e.code, 500), e.message, close=False)
         except Exception as e:  # noqa: BLE001  (a bad request must never take the server down)
@@ -53,6 +53,8 @@ class _RestHandler(JsonRequestHandler):
 
     def do_GET(self):  # noqa: N802  (http.server's naming)
         self.discard_body()
+        if self.path.split("?", 1)[0] == self.server.app.metrics.path:  # None without --monitoring_config_file
+            return self._send_metrics()
         status, allow, match = self._route("GET")
         if status != 200:
             return self._reject(status, allow)
@@ -81,14 +83,8 @@ class _RestHandler(JsonRequestHandler):
         def run():
             v = _version(version, label)
             if method.lower() != "predict":
-                with app.parse_budget.hold(len(body)):
-                    signature_name = _signature_name_of(body)
-                sig = app.manager.servable(name, v).signature(signature_name)
-                raise ServingError(
-                    grpc.StatusCode.INVALID_ARGUMENT if sig.method_name == PREDICT_METHOD else grpc.StatusCode.UNIMPLEMENTED,
-                    f":{method} is not served here; signature {sig.name!r} has method_name"
-                    f" {sig.method_name!r}: use :predict",
-                )
+                return 200, inference_json(app.manager, name, v, method.lower(), body, app.max_batch_size,
+                                           app.scheduler, app.parse_budget)
             return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler, app.parse_budget)
 
         self._handle(run)
@@ -102,20 +98,32 @@ class _RestHandler(JsonRequestHandler):
         self.send_error(
             404,
             f"Malformed request: {self.command} {self.path}; expected /v1/models/NAME[/versions/V]"
-            "[/metadata] (GET) or /v1/models/NAME[/versions/V]:predict (POST)",
+            "[/metadata] (GET) or /v1/models/NAME[/versions/V]:predict|:classify|:regress (POST)",
             close=self.close_connection,
         )
 
+    def _send_metrics(self) -> None:
+        """The Prometheus page (serving.metrics), in its own text format rather than JSON."""
+        metrics = self.server.app.metrics
+        body = metrics.exposition()
+        self._responding = True  # as send_json: a timeout while writing it must not add a 408
+        self.connection.settimeout(self.server.idle_timeout_seconds)
+        self.send_response(200)
+        self.send_header("Content-Type", metrics.content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
 
-def _signature_name_of(body: bytes) -> str:
-    try:
-        request = parse_json_body(body)
-    except ServingError:
-        return DEFAULT_SIGNATURE
-    name = request.get("signature_name", DEFAULT_SIGNATURE) if isinstance(request, dict) else DEFAULT_SIGNATURE
-    if not isinstance(name, str):
-        raise invalid("'signature_name' must be a string")
-    return name
+
+def _metric_labels(command: str, path: str) -> tuple[str, str]:
+    """(model name, API) of a routed request, for serving.metrics: TF Serving's REST API names, the
+    verb after ':' ("predict", "classify", "regress"), and "metadata" or "status" for a GET."""
+    path = path.split("?", 1)[0]
+    name = re.split(r"[/:]", path[len("/v1/models/"):], maxsplit=1)[0]
+    if command == "POST":
+        return name, path.rpartition(":")[2].lower()
+    return name, "metadata" if path.lower().endswith("/metadata") else "status"
 
 
 def _version(version: str | None, label: str | None) -> int | None:
