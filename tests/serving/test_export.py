@@ -630,7 +630,9 @@ def test_signature_structure_of_every_family(exports, name):
         return {key: (spec.shape.as_list(), spec.dtype.name) for key, spec in specs.items()}
 
     loaded = tf.saved_model.load(exports[name])
-    assert {k for k in loaded.signatures.keys()} == {"serving_default", "serve_ids"}
+    # TF Serving's Classify / Regress signature where the family has one (test_classify_regress.py)
+    extra = {"classification": {"classify"}, "pair": {"classify"}, "regression": {"regress"}}
+    assert set(loaded.signatures.keys()) == {"serving_default", "serve_ids"} | extra.get(name, set())
     for signature, (inputs, outputs) in SIGNATURES[name].items():
         fn = loaded.signatures[signature]
         args, kwargs = fn.structured_input_signature
@@ -1081,3 +1083,130 @@ def test_serve_ids_refuses_ids_out_of_range(served, cases):
             with pytest.raises(ServingRequestError) as e:
                 grpc_client.predict({k: np.array(v, np.int32) for k, v in inputs.items()}, signature_name="serve_ids")
             assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.message
+
+
+# ---------------------------------------------------------------------------------------
+# Warmup: the export's requests (TF Serving's format), replayed before AVAILABLE.
+# ---------------------------------------------------------------------------------------
+
+
+def _warmup_calls(log) -> tuple[str, int]:
+    """(signature, batch size) of a warmup PredictionLog."""
+    kind = log.WhichOneof("log_type")
+    request = getattr(log, kind).request
+    if kind == "predict_log":
+        return request.model_spec.signature_name, tf.make_ndarray(next(iter(request.inputs.values()))).shape[0]
+    return request.model_spec.signature_name, len(request.input.example_list.examples)
+
+
+def test_every_export_ships_warmup_requests_that_run(exports, vocab_file):
+    """Each export's assets.extra/tf_serving_warmup_requests parses as TF Serving's PredictionLogs
+    (at most 1,000), names the model, covers every signature at batch sizes 1 and 8, has a text
+    longer than max_seq_length, and runs through the local server's replay without an error."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from electra_tf import warmup as W
+    from electra_tf.serving import warmup as replayer
+    from electra_tf.serving.servables import Servable
+
+    for name, path in exports.items():
+        logs = []
+        for record in tf.data.TFRecordDataset(os.path.join(path, W.WARMUP_FILE)).as_numpy_iterator():
+            logs.append(prediction_log_pb2.PredictionLog.FromString(record))
+        assert 0 < len(logs) <= 1000
+        servable = Servable(name, 1, path)
+        assert {_warmup_calls(log) for log in logs} == {
+            (s, b) for s in servable.signatures for b in W.BATCH_SIZES}, name
+        assert all(getattr(log, log.WhichOneof("log_type")).request.model_spec.name == name for log in logs)
+        report = json.loads(open(os.path.join(path, E.EXPORT_REPORT)).read())
+        assert report["warmup_requests"] == len(logs)
+        texts = [t for log in logs if log.predict_log.request.model_spec.signature_name == "serving_default"
+                 for v in log.predict_log.request.inputs.values() for t in tf.make_ndarray(v).ravel()]
+        assert max(len(t.split()) for t in texts) > report["max_seq_length"], name
+        assert replayer.replay(servable)[0] == len(logs)
+        if name == "classification":  # batch 1 at every length the text signature pads to
+            seq = report["max_seq_length"]
+            pre = P.TextPreprocessor.from_vocab(vocab_file, seq)
+            singles = [tf.make_ndarray(log.predict_log.request.inputs["text"]) for log in logs
+                       if log.predict_log.request.model_spec.signature_name == "serving_default"]
+            packed = {int(pre.pack_sentences(tf.constant(t))["input_mask"].numpy().sum())
+                      for t in singles if len(t) == 1}
+            assert set(range(3, seq + 1)) <= packed, sorted(packed)
+
+
+def test_a_failing_warmup_request_fails_the_load(exports, tmp_path):
+    """As TF Serving: a warmup record that is not a PredictionLog, or whose request fails, fails
+    the version's load with one line naming the record; the version is never AVAILABLE."""
+    import shutil
+
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from electra_tf import warmup as W
+    from electra_tf.serving.manager import ModelManager
+    from electra_tf.serving.model_config import ModelConfig
+
+    wrong = prediction_log_pb2.PredictionLog()
+    wrong.predict_log.request.model_spec.signature_name = "no_such_signature"
+    wrong.predict_log.request.inputs["text"].CopyFrom(tf.make_tensor_proto(np.array([b"a film"], object)))
+    for version, record, words in ((1, b"\xff\xff not a proto", "record 0 is not a PredictionLog"),
+                                   (2, wrong.SerializeToString(), 'record 0 failed: Serving signature key "no_such_signature" not found')):
+        folder = tmp_path / "m" / str(version)
+        shutil.copytree(exports["classification"], folder)
+        with tf.io.TFRecordWriter(str(folder / W.WARMUP_FILE)) as writer:
+            writer.write(record)
+    manager = ModelManager([ModelConfig("m", str(tmp_path / "m"), version_policy="all")])
+    manager.poll()
+    statuses = {s.version: s for s in manager.status("m", None).model_version_status}
+    for version, words in ((1, "record 0 is not a PredictionLog"),
+                           (2, 'record 0 failed: Serving signature key "no_such_signature" not found')):
+        message = statuses[version].status.error_message
+        assert statuses[version].state != statuses[version].AVAILABLE and words in message, message
+        assert "\n" not in message
+
+
+@pytest.mark.slow
+def test_the_first_request_to_a_new_version_is_warm(exports, tmp_path):
+    """electra-serve replays the warmup file before AVAILABLE, so the first request after a load
+    is within 2x the steady-state median; the same version without the file is far above it
+    (the signature graph's first call), which is what the file is for."""
+    import shutil
+    import socket
+    import time
+    import urllib.error
+    import urllib.request
+
+    from electra_tf import warmup as W
+    from tests.server_process import serving
+
+    body = json.dumps({"instances": [{"text": "a moving and often funny film"}]}).encode()
+
+    def first_and_median(base) -> tuple[float, float]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        url = f"http://127.0.0.1:{port}/v1/models/m"
+        command = [sys.executable, "-m", "electra_tf.tools.serve", f"--rest_api_port={port}",
+                   "--port=0", f"--model_base_path={base}", "--model_name=m",
+                   "--file_system_poll_wait_seconds=0"]
+        times = []
+        with serving(command, url, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")):
+            # The REST path's own first use (connection, parsing, answering: ~2 ms, measured)
+            # is the server's, not the version's: a refused request takes it first.
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(
+                    url + ":predict", data=b'{"instances": [{"txt": "x"}]}'), timeout=60)
+            assert refused.value.code == 400
+            for _ in range(21):
+                start = time.perf_counter()
+                urllib.request.urlopen(urllib.request.Request(url + ":predict", data=body), timeout=60).read()
+                times.append(time.perf_counter() - start)
+        return times[0], float(np.median(times[1:]))
+
+    warm, cold = tmp_path / "warm", tmp_path / "cold"
+    shutil.copytree(exports["classification"], warm / "1")
+    shutil.copytree(exports["classification"], cold / "1")
+    os.remove(cold / "1" / W.WARMUP_FILE)
+    first, median = first_and_median(warm)
+    assert first <= 2 * median, (first, median)
+    first, median = first_and_median(cold)
+    assert first > 2 * median, (first, median)
