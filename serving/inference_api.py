@@ -40,10 +40,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.example import example_pb2, feature_pb2
-from tensorflow_serving.apis import classification_pb2, inference_pb2, input_pb2, regression_pb2
+from tensorflow_serving.apis import classification_pb2, inference_pb2, regression_pb2
 
 from electra_tf.serving.budget import trim_heap
 from electra_tf.serving.errors import invalid, shown
+from electra_tf.serving.example_inputs import check_count as _check_count, proto_examples
 from electra_tf.serving.json_api import parse_json_body
 from electra_tf.serving.manager import ModelManager
 from electra_tf.serving.servables import DEFAULT_SIGNATURE, Servable, Signature
@@ -165,27 +166,6 @@ def json_examples(request: Mapping[str, Any], max_batch_size: int) -> np.ndarray
     _check_count(len(examples), "'examples'", max_batch_size)
     context = _json_example(request["context"], "'context'") if "context" in request else b""
     return np.array([context + _json_example(e, f"examples[{i}]") for i, e in enumerate(examples)], dtype=object)
-
-
-def proto_examples(model_input: input_pb2.Input, max_batch_size: int) -> np.ndarray:
-    """The serialized tf.Examples [B] of a gRPC request's `input` (with its context, if any)."""
-    kind = model_input.WhichOneof("kind")
-    if kind == "example_list":
-        examples, context = model_input.example_list.examples, b""
-    elif kind == "example_list_with_context":
-        examples = model_input.example_list_with_context.examples
-        context = model_input.example_list_with_context.context.SerializeToString()
-    else:
-        raise invalid("Input is empty: set input.example_list or input.example_list_with_context")
-    _check_count(len(examples), f"input.{kind}.examples", max_batch_size)
-    return np.array([context + e.SerializeToString() for e in examples], dtype=object)
-
-
-def _check_count(count: int, where: str, max_batch_size: int) -> None:
-    if not count:
-        raise invalid(f"{where} is empty: a request needs at least one example")
-    if count > max_batch_size:
-        raise invalid(f"{where} holds {count} examples, more than the server's max_batch_size {max_batch_size}")
 
 
 # ----------------------------------------------------------------------------- running

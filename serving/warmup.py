@@ -18,9 +18,10 @@ import logging
 import os
 import time
 
-import numpy as np
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
+
+from electra_tf.serving.example_inputs import proto_examples
 
 log = logging.getLogger(__name__)
 
@@ -45,24 +46,6 @@ def _records(path: str):
         raise WarmupError(f"{WARMUP_FILE} is not a readable TFRecord file: {e.message.splitlines()[0]}") from None
 
 
-def _examples(model_input) -> np.ndarray:
-    """An `Input` (example_list, or example_list_with_context merged) as serialized tf.Examples."""
-    which = model_input.WhichOneof("kind")
-    if which == "example_list":
-        examples = list(model_input.example_list.examples)
-    elif which == "example_list_with_context":
-        context = model_input.example_list_with_context.context
-        examples = []
-        for example in model_input.example_list_with_context.examples:
-            merged = tf.train.Example()
-            merged.CopyFrom(context)
-            merged.MergeFrom(example)
-            examples.append(merged)
-    else:
-        raise WarmupError("a classify/regress warmup request has no examples")
-    return np.array([e.SerializeToString() for e in examples], dtype=object)
-
-
 def _calls(record: prediction_log_pb2.PredictionLog):
     """(signature name, inputs) of each signature call a warmup record makes."""
     which = record.WhichOneof("log_type")
@@ -71,10 +54,10 @@ def _calls(record: prediction_log_pb2.PredictionLog):
         yield request.model_spec.signature_name, {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
     elif which in ("classify_log", "regress_log"):
         request = getattr(record, which).request
-        yield request.model_spec.signature_name, {"inputs": _examples(request.input)}
+        yield request.model_spec.signature_name, {"inputs": proto_examples(request.input, _NO_BATCH_LIMIT)}
     elif which == "multi_inference_log":
         request = record.multi_inference_log.request
-        examples = _examples(request.input)
+        examples = proto_examples(request.input, _NO_BATCH_LIMIT)
         for task in request.tasks:
             yield task.model_spec.signature_name, {"inputs": examples}
     else:
