@@ -14,6 +14,7 @@ Example (the end of a command module):
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -31,10 +32,19 @@ def run(main, module_name: str) -> None:
         if any(arg in ("-h", "-?", "--help", "--helpshort") for arg in sys.argv[1:]):
             app.usage(shorthelp=True, writeto_stdout=True, exitcode=0)  # absl's own exits 1
         spec = getattr(module, "__spec__", None)  # under `python -m` the module is __main__
-        app.run(_one_line_errors(main, command_name(spec.name if spec else module_name)))
+        name = command_name(spec.name if spec else module_name)
+        app.run(_one_line_errors(main, name), flags_parser=lambda argv: _parse_flags(argv, name))
     except BrokenPipeError:  # `electra-x --help | head`: the reader left; nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+def _parse_flags(argv, name: str):
+    """absl's parsing, with a bad flag as one line (absl adds a second, a hint about --helpfull)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        raise SystemExit(f"{name}: error: " + "; ".join(str(e).splitlines())) from None
 
 
 def command_name(module_name: str) -> str:
@@ -52,20 +62,50 @@ def command_name(module_name: str) -> str:
 
 
 def _one_line_errors(main, name: str):
-    """`main`, with the accidents of real use as one line and exit code 1 instead of a
-    traceback: a folder another run is writing, a full disk (`files.disk_full_message`). What
-    was finished is kept by the writers themselves (`electra_tf.files`)."""
+    """`main`, with the accidents of real use as one line on stderr instead of a traceback: a
+    folder another run is writing, a full disk (`files.disk_full_message`), a folder that is a
+    link, a path that cannot be written (read-only disk, no permission, a file where a folder
+    belongs) and Ctrl-C (exit 130, as a shell reports SIGINT). What was finished is kept by the
+    writers themselves (`electra_tf.files`). ELECTRA_TF_TRACEBACK=1 shows the traceback instead,
+    for a bug report."""
     from electra_tf import files
 
     def wrapped(argv):
+        if os.environ.get("ELECTRA_TF_TRACEBACK") == "1":
+            return main(argv)
         try:
             return main(argv)
-        except files.FolderInUseError as e:
+        except (files.FolderInUseError, files.LinkedFolderError) as e:
             raise SystemExit(f"{name}: error: {e}") from None
+        except app.UsageError as e:  # absl would print the whole usage text before the error
+            raise SystemExit(f"{name}: error: {e} (see {name} --help)") from None
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted (SIGINT); what was finished is kept", file=sys.stderr)
+            raise SystemExit(130) from None
         except Exception as e:  # pylint: disable=broad-except
-            message = files.disk_full_message(e)
+            message = files.disk_full_message(e) or path_error_message(e)
             if message is None:
                 raise
             raise SystemExit(f"{name}: error: {message}") from None
 
     return wrapped
+
+
+_PATH_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENOENT,
+                errno.ELOOP, errno.ENAMETOOLONG}
+
+
+def path_error_message(error: BaseException) -> str | None:
+    """One line for a path the command cannot read or write (read-only disk, permission, a file
+    where a folder belongs, a missing parent), naming the path; None for any other error."""
+    if isinstance(error, OSError) and error.errno in _PATH_ERRNOS and error.filename:
+        where = error.filename if error.filename2 is None else f"{error.filename} -> {error.filename2}"
+        return f"{error.strerror}: {where}"
+    tf = sys.modules.get("tensorflow")  # only when the command already loaded it
+    if tf is not None and isinstance(error, (tf.errors.PermissionDeniedError,
+                                                          tf.errors.FailedPreconditionError)):
+        text = str(getattr(error, "message", None) or error).strip().splitlines()[0]
+        if any(word in text for word in ("Read-only file system", "Permission denied", "Not a directory",
+                                         "Is a directory")):
+            return text
+    return None

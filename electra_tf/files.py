@@ -145,6 +145,33 @@ def replacing(path, mode: str = "w", encoding: str | None = "utf-8"):
         raise
 
 
+# --- folders a command makes or reuses -----------------------------------------------------------
+class LinkedFolderError(ValueError):
+    """A folder a command writes into is a symbolic link (or not a folder): refused, not followed."""
+
+
+def own_folder(path) -> Path:
+    """`path` as a real folder this process may write into: made when missing (parents too), and
+    refused with `LinkedFolderError` when it is a symbolic link or a file, so files are never
+    written into a link's target. `mkdir` does not follow a link at the name (it fails with
+    EEXIST), so a link planted before or while the folder is made is seen here. Remote paths are
+    returned as they are (no links there)."""
+    if is_remote(path):
+        return path
+    path = Path(path)
+    try:
+        path.mkdir(parents=True)
+        give_normal_mode(path)
+    except FileExistsError:
+        pass
+    if path.is_symlink():
+        raise LinkedFolderError(f"{path} is a symbolic link; electra_tf does not write through links "
+                                "(remove it or give another folder)")
+    if not path.is_dir():
+        raise LinkedFolderError(f"{path} exists and is not a folder")
+    return path
+
+
 # --- folders: built aside, swapped in ----------------------------------------------------------
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -403,8 +430,10 @@ def disk_full_message(error: BaseException, where=None) -> str | None:
         if match is None:
             return None
         reason = match.group(0)
-        found = re.search(r"(/[^\s;:,'\"]+)", text)
-        path = found.group(1) if found else None
+        # A path in TensorFlow's text, not a device name (`/job:localhost/replica:0/...`).
+        found = [p for p in re.findall(r"(/[^\s;:,'\"]+)", text)
+                 if not re.match(r"/(job|replica|task|device)\b", p)]
+        path = found[0] if found else None
     target = str(path or where or "")
     free = _free_space(target or ".")
     place = f" writing {target}" if target else ""
@@ -412,6 +441,7 @@ def disk_full_message(error: BaseException, where=None) -> str | None:
 
 
 def _free_space(path: str) -> str:
+    """The free space of the disk that holds `path` (its nearest existing folder)."""
     probe = os.path.abspath(path)
     while probe and not os.path.exists(probe):
         parent = os.path.dirname(probe)
