@@ -37,7 +37,8 @@ def test_readme_has_the_commands_it_documents():
         assert expected in programs
 
 
-@pytest.mark.parametrize("doc", ["README.md", "BUILD.md", "serving/README.md"])
+@pytest.mark.parametrize("doc", ["README.md", "BUILD.md", "serving/README.md"]
+                         + sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")))
 def test_every_flag_in_the_docs_exists(doc):
     wanted: dict[str, set[str]] = {}
     for command in sh_commands(ROOT / doc):
