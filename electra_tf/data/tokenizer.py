@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import os
+import re
 import unicodedata
 from typing import Iterable, Sequence
 
@@ -51,12 +52,17 @@ WORDPIECE_OPTIONS = dict(suffix_indicator="##", max_bytes_per_word=MAX_BYTES_PER
 _DELETED_CHARS = r"[^\P{C}\t\n\r]|\x{FFFD}"
 
 
+# BERT's placeholders for tokens added at fine-tuning time (`special_token_layout`).
+_UNUSED_TOKEN = re.compile(r"\[unused\d+\]")
+
+
 class VocabError(ValueError):
     """The vocab file is missing, empty, or not a one-token-per-line WordPiece vocab."""
 
 
 def load_vocab(vocab_file: str) -> list[str]:
-    """Reads and validates a WordPiece vocab: one token per line, UTF-8, no blanks or duplicates.
+    """Reads and validates a WordPiece vocab: one token per line, UTF-8, no blanks or duplicates,
+    the five special tokens and at least one other token that is not an [unusedN] placeholder.
 
     Raises:
       VocabError: naming the file (and the line, where there is one) when the file is not a vocab.
@@ -101,6 +107,11 @@ def load_vocab(vocab_file: str) -> list[str]:
     missing = [t for t in SPECIAL_TOKENS if t not in seen]
     if missing:
         raise VocabError(f"{vocab_file}: missing special token(s) {', '.join(missing)}")
+    # Only reserved tokens: every word would be [UNK], so pretraining would learn nothing and
+    # fine-tuning would see one id for all text. Refused here, where every command loads it.
+    if all(token in SPECIAL_TOKENS or _UNUSED_TOKEN.fullmatch(token) for token in vocab):
+        raise VocabError(f"{vocab_file}: has no word pieces besides the {len(vocab)} special and "
+                         "[unusedN] tokens; not a WordPiece vocab (learn one with electra-build-vocab)")
     return vocab
 
 
@@ -304,13 +315,15 @@ def learn_vocab(
 
     Args:
       texts: a tf.data.Dataset of scalar strings, or any iterable of str (e.g. corpus lines).
-      vocab_size: upper bound on the size including the reserved tokens.
+      vocab_size: upper bound on the size including the reserved tokens, more than them (the
+        learner keeps every character of the texts and its "##" form even past it).
       lower_case: BERT uncased normalisation before counting words.
       num_unused: [unusedN] placeholders after the five specials (see `special_token_layout`).
     Returns:
       The vocab, specials first, one token per entry (write one per line).
     Raises:
-      ValueError: `texts` holds no word to count (tf-text's learner fails with StopIteration).
+      ValueError: `vocab_size` leaves no room past the reserved tokens, or `texts` holds no word
+      to count (tf-text's learner fails with StopIteration).
       An error raised while iterating `texts` is raised as itself once the learner is done with
       the lines before it (`text_files.iter_text_lines` names a file that is not text, or
       inputs without text, this way, before the first line). Let through, it would become a
@@ -318,6 +331,14 @@ def learn_vocab(
     """
     from tensorflow_text.tools.wordpiece_vocab import bert_vocab_from_dataset as bvfd
 
+    reserved = special_token_layout(num_unused)
+    if num_unused < 0:
+        raise ValueError(f"num_unused must be 0 or more, got {num_unused}")
+    # tf-text's learner takes any size and returns the reserved tokens and the whole alphabet
+    # even for 0; a size with no room past the reserved head is a mistake, not a request.
+    if vocab_size <= len(reserved):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for word pieces after the "
+                         f"{len(reserved)} reserved tokens; give more than {len(reserved)}")
     raised = []  # what iterating `texts` raised
     if not isinstance(texts, tf.data.Dataset):
         iterable = texts
@@ -329,7 +350,6 @@ def learn_vocab(
                 raised.append(e)  # the dataset ends here; raised below
 
         texts = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec([], tf.string))
-    reserved = special_token_layout(num_unused)
     try:
         vocab = bvfd.bert_vocab_from_dataset(
             texts.batch(batch_size).prefetch(2),
