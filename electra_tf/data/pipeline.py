@@ -21,7 +21,9 @@ checked in Python for the three features at `seq_length`, so a shard built with 
 
 `check_shards` reads every record of every shard once before a run (C++ reader for framing and
 CRCs, `parse_example` for the features), so damage is found before step 1 and named by record
-index and byte offset; it also counts what a skipping reader loses.
+index and byte offset; it also counts what a skipping reader loses. Given the model's vocab_size
+it also refuses token ids outside the vocabulary (shards built with a bigger one), which would
+otherwise fail at step 1 as an embedding lookup out of range.
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class ShardCheck(NamedTuple):
 
 
 def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrupt: bool = False,
-                 log_every_seconds: float = 10.0) -> ShardCheck:
+                 log_every_seconds: float = 10.0, vocab_size: int | None = None) -> ShardCheck:
     """Reads every record of every shard once, so that damage is found before step 1.
 
     Framing and both CRC32Cs of every record are checked by TFRecordDataset's C++ reader, and
@@ -211,6 +213,11 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     and counted in `records_skipped`. Without it, every damaged shard is logged and
     CorruptShardError names the first. A record that reads back intact but is not a pretraining
     example at `seq_length` is an error either way: that is the wrong data, not damage.
+
+    With `vocab_size` (the model's), a token id outside [0, vocab_size) is such an error too,
+    naming the file, the first record holding one, its largest id and vocab_size: shards built
+    with a bigger vocabulary, which no manifest.json described, failed at step 1 with a
+    traceback from the embedding lookup.
     """
     files = list_shards(file_pattern)
     for path in files:  # a shard of another length or kind fails in seconds, not after the scan
@@ -219,12 +226,14 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     total = sum(sizes)
     features = _example_features(seq_length)
 
-    def summarize(index, records):  # -> (file index, records, bytes, real tokens)
+    def summarize(index, records):  # -> (file index, records, bytes, real tokens, id range)
         parsed = tf.io.parse_example(records, features)  # fails on a record that is no example
         tokens = tf.reduce_sum(parsed["input_mask"])  # consumes the parse, so it is not pruned
         size = tf.reduce_sum(tf.cast(tf.strings.length(records), tf.int64))
         n = tf.size(records, out_type=tf.int64)
-        return index, n, size + n * _RECORD_OVERHEAD, tokens
+        ids = parsed["input_ids"]  # [records, seq]
+        return (index, n, size + n * _RECORD_OVERHEAD, tokens, tf.reduce_min(ids),
+                tf.reduce_max(ids))
 
     def shard_blocks(index, path):
         # Damage ends a shard's records early and a block that does not parse is dropped: either
@@ -240,11 +249,13 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     d = d.interleave(shard_blocks, cycle_length=parallel, num_parallel_calls=parallel,
                      deterministic=False)
     read, counts = [0] * len(files), [0] * len(files)
+    smallest, largest = [0] * len(files), [0] * len(files)  # token ids
     start = last_log = time.time()
     done = 0
-    for index, n, size, _ in d.prefetch(4).as_numpy_iterator():
+    for index, n, size, _, low, high in d.prefetch(4).as_numpy_iterator():
         read[index] += size
         counts[index] += n
+        smallest[index], largest[index] = min(smallest[index], low), max(largest[index], high)
         done += size
         now = time.time()
         if now - last_log >= log_every_seconds:
@@ -265,7 +276,34 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     logging.info("checked %d shards: %d records, %.1f MB in %.1fs (%.1f MB/s)", len(files),
                  result.records, total / 1e6, seconds, total / 1e6 / max(seconds, 1e-9))
     _report_damage(damaged, skip_corrupt)
+    if vocab_size is not None:
+        outside = [i for i in range(len(files)) if largest[i] >= vocab_size or smallest[i] < 0]
+        if outside:
+            raise CorruptShardError(_out_of_vocabulary(
+                files[outside[0]], seq_length, vocab_size, int(largest[outside[0]]),
+                len(outside) - 1))
     return result
+
+
+def _out_of_vocabulary(path: str, seq_length: int, vocab_size: int, largest: int,
+                       more: int) -> str:
+    """The refusal of a shard with token ids outside [0, vocab_size): the first record holding
+    one (read again, on this error path only), its largest id, the shard's and vocab_size."""
+    features = {"input_ids": tf.io.FixedLenFeature([seq_length], tf.int64)}
+    record, found = 0, None
+    records = tf.data.TFRecordDataset(path).ignore_errors(log_warning=False)
+    for batch in records.batch(_CHECK_BATCH):
+        ids = tf.io.parse_example(batch, features)["input_ids"].numpy()  # [batch, seq]
+        bad = ((ids >= vocab_size) | (ids < 0)).any(axis=1).nonzero()[0]
+        if len(bad):
+            record, row = record + int(bad[0]), ids[bad[0]]
+            found = int(row.max()) if row.max() >= vocab_size else int(row.min())
+            break
+        record += len(ids)
+    others = f"; {more} more shard{'s have' if more > 1 else ' has'} such ids" if more else ""
+    return (f"{path}: record {record} has token id {found}, outside the model's vocabulary "
+            f"(vocab_size={vocab_size}; the largest id in this shard is {largest}{others}): the "
+            "shards were built with another vocabulary; give it with --vocab_file")
 
 
 def _report_damage(damaged: list, skip_corrupt: bool) -> None:

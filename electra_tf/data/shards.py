@@ -9,10 +9,12 @@
      depends only on the inputs.
   2. Build (pool of `num_processes` processes, spawned). Shard s reads its units back by byte
      offset, tokenizes lines in batches through the fused tf-text op, packs them with an
-     `ExampleBuilder` whose RNG is seeded from sha256(f"{seed}:{s}"), and writes
-     `.pretrain_data.tfrecord-SSSSS-of-NNNNN.tmp`, then its stats to `.shard_stats/SSSSS.json`,
+     `ExampleBuilder` whose RNG is seeded from sha256(f"{seed}:{s}"), and writes a temporary
+     `.pretrain_data.tfrecord-SSSSS-of-NNNNN.<random>.tmp` (created exclusively, written through
+     the worker's own descriptor: `_own_temporary`), then its stats to `.shard_stats/SSSSS.json`,
      then renames the shard to `pretrain_data.tfrecord-SSSSS-of-NNNNN`. A final name therefore
      always means a complete shard; the bytes of shard s do not depend on the process count.
+     Nothing is written through a link planted in the output folder, at any name, at any time.
   3. Resume. `.build_config.json` pins what determines the bytes (inputs and their sizes, vocab
      hash, max_seq_length, seed, num_shards, lower_case, max_line_bytes). A rerun with the same
      config skips shards that have their final name and deletes stale temp files; a rerun with a
@@ -53,6 +55,8 @@ import multiprocessing
 import os
 import random
 import signal
+import stat
+import tempfile
 import threading
 import time
 from typing import Callable, Sequence
@@ -60,6 +64,7 @@ from typing import Callable, Sequence
 import numpy as np
 from absl import logging
 
+from electra_tf import files
 from electra_tf.files import FolderLock, write_json
 from electra_tf.data.manifest import MANIFEST, SHARD_PREFIX, shard_name
 from electra_tf.data.packing import ExampleBuilder, ExampleSerializer
@@ -75,6 +80,16 @@ TOKENIZE_BATCH_LINES = 4096
 AUTO_SHARD_BYTES = 1 << 20
 ORPHAN_POLL_SECONDS = 0.5  # how often a worker checks that the builder is still alive
 STOP_GRACE_SECONDS = 5.0  # after SIGTERM to the workers, how long before SIGKILL
+# Upper bounds of the flags. Five digits in `shard_name`: more shards would not sort in order.
+MAX_SHARDS = 99_999
+# Every example is padded to max_seq_length, so a huge value (a typo) fills memory before the
+# first shard is written; no ELECTRA model has more than 512 positions.
+MAX_SEQ_LENGTH = 1 << 16
+
+
+class InputFilesError(BadInputError):
+    """An --input matches nothing or holds no text; the message names it (the command adds the
+    flag)."""
 
 
 class BuildInterrupted(Exception):
@@ -125,14 +140,16 @@ class BuildConfig:
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
 
     def validate(self):
+        """Raises ValueError naming the first field (the command's flag) out of its range."""
         if self.on_error not in ("warn", "fail"):
-            raise ValueError(f"on_error must be 'warn' or 'fail', got {self.on_error!r}")
-        if self.max_seq_length < 5:
-            raise ValueError(f"max_seq_length must be >= 5, got {self.max_seq_length}")
-        if self.num_shards < 0 or self.num_processes < 0:
-            raise ValueError("num_shards and num_processes must be >= 0")
-        if self.max_line_bytes < 1:
-            raise ValueError(f"max_line_bytes must be >= 1, got {self.max_line_bytes}")
+            raise ValueError(f"--on_error must be 'warn' or 'fail', got {self.on_error!r}")
+        ranges = (("max_seq_length", 5, MAX_SEQ_LENGTH), ("num_shards", 0, MAX_SHARDS),
+                  ("num_processes", 0, None), ("max_line_bytes", 1, None))
+        for name, low, high in ranges:
+            value = getattr(self, name)
+            if value < low or (high is not None and value > high):
+                bounds = f"in [{low}, {high}]" if high is not None else f">= {low}"
+                raise ValueError(f"--{name} must be {bounds}, got {value}")
 
 
 def shard_seed(seed: int, index: int) -> int:
@@ -205,7 +222,7 @@ def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig)
         with open(path, "rb") as f:
             f.seek(start)
             data = f.read(end - start)
-    for k, raw in enumerate(data.split(b"\n")):
+    for k, raw in enumerate(index.unit_lines(u, data)):
         line_no = int(index.first_line[u]) + k
         if len(raw) > config.max_line_bytes:
             logging.warning(
@@ -314,7 +331,7 @@ def build_shard(shard: int) -> dict:
     queue = _WORKER["queue"]
 
     final = os.path.join(config.output_dir, shard_name(shard, num_shards))
-    tmp = os.path.join(config.output_dir, "." + shard_name(shard, num_shards) + ".tmp")
+    fd, tmp = _own_temporary(final)
     _WORKER["tmp"] = tmp  # for _stop_worker
     builder = ExampleBuilder(
         config.max_seq_length, tokenizer.cls_id, tokenizer.sep_id,
@@ -326,8 +343,9 @@ def build_shard(shard: int) -> dict:
                  wordpieces=0)
     cache: dict = {}
     start_time = time.time()
+    renamed = False
     try:
-        with tf.io.TFRecordWriter(tmp) as writer:
+        with tf.io.TFRecordWriter(_descriptor_path(fd, tmp)) as writer:
             packer = _ShardPacker(builder, tokenizer, writer, stats)
             events, texts, pending_bytes = [], [], 0
             for u in range(shard, len(index), num_shards):
@@ -342,15 +360,71 @@ def build_shard(shard: int) -> dict:
             _report(queue, pending_bytes, packer.pack(events, texts))
         packer.report_empty_documents()
         stats["seconds"] = round(time.time() - start_time, 3)
-        _write_json_atomic(
-            os.path.join(config.output_dir, STATS_DIR, f"{shard:05d}.json"), stats
-        )
-        os.replace(tmp, final)  # the final name appears only for a complete shard
+        # Checked again here, not only at the start: a link planted since is refused, not followed.
+        stats_dir = files.own_folder(os.path.join(config.output_dir, STATS_DIR))
+        _write_json_atomic(os.path.join(stats_dir, f"{shard:05d}.json"), stats)
+        os.fsync(fd)
+        _rename_own_temporary(fd, tmp, final)  # the final name appears only for a complete shard
+        renamed = True
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        os.close(fd)
+        if not renamed:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)  # (a link at our random name is removed, never followed)
         _WORKER["tmp"] = None
     return stats
+
+
+class ReplacedTemporaryError(ValueError):
+    """A shard's temporary file was replaced by someone else while the shard was written."""
+
+
+def _own_temporary(final: str) -> tuple[int, str]:
+    """(descriptor, path) of a new empty file `.<name>.<random>.tmp` beside `final`, created
+    exclusively (O_CREAT | O_EXCL: never a link or a file someone planted), with open()'s mode.
+
+    Before, each shard was written at the fixed name `.<name>.tmp`: a link planted there while
+    the builder ran was followed (its target overwritten with TFRecord bytes) and then renamed
+    onto the final name. The random name also matches `files.remove_stale_temporaries`."""
+    folder, name = os.path.split(final)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.fchmod(fd, 0o666 & ~files.umask())  # mkstemp's 0600 would hide the shard from others
+    return fd, tmp
+
+
+def _descriptor_path(fd: int, tmp: str) -> str:
+    """A path that opens the file `fd` is open on, whatever is at its name by then.
+
+    TFRecordWriter opens by path; `/proc/self/fd/N` reaches our own file even if someone put a
+    link at `tmp` after we created it (Linux). Elsewhere `tmp`, checked once more."""
+    proc = f"/proc/self/fd/{fd}"
+    if os.path.exists(proc):
+        return proc
+    _check_own_temporary(fd, tmp)
+    return tmp
+
+
+def _check_own_temporary(fd: int, tmp: str) -> None:
+    """Raises ReplacedTemporaryError unless `tmp` still names the regular file open as `fd`."""
+    ours = os.fstat(fd)
+    try:
+        found = os.lstat(tmp)
+    except FileNotFoundError:
+        found = None
+    if found is None or not stat.S_ISREG(found.st_mode) or \
+            (found.st_dev, found.st_ino) != (ours.st_dev, ours.st_ino):
+        raise ReplacedTemporaryError(
+            f"{tmp}: the shard's temporary file was {'removed' if found is None else 'replaced'} "
+            "while it was written (another process writes in --output_dir?); nothing was renamed "
+            "onto the shard's name: rerun the same command once nothing else writes there")
+
+
+def _rename_own_temporary(fd: int, tmp: str, final: str) -> None:
+    """Renames `tmp` onto `final` when it is still the file open as `fd`, else refuses: what
+    gets the shard's name is the file this process wrote. A link at `final` is replaced (rename
+    does not follow it), its target untouched."""
+    _check_own_temporary(fd, tmp)
+    os.replace(tmp, final)
 
 
 def _report(queue, nbytes, ntokens):
@@ -410,11 +484,13 @@ def _input_description(files: Sequence[str], embedded: bool) -> list:
 
 
 def _remove_temp_files(output_dir: str) -> None:
-    """Deletes the temp files of unfinished shards (and their stats) in `output_dir`."""
+    """Deletes the temp files of unfinished shards (and their stats) in `output_dir`: ours,
+    `.<shard>.<random>.tmp`, and the fixed `.<shard>.tmp` of older versions. A link there is
+    removed, not followed; a `.shard_stats` that became a link is not entered."""
     stats_dir = os.path.join(output_dir, STATS_DIR)
     temp = [os.path.join(output_dir, n) for n in os.listdir(output_dir)
             if n.startswith("." + SHARD_PREFIX) and n.endswith(".tmp")]
-    if os.path.isdir(stats_dir):
+    if os.path.isdir(stats_dir) and not os.path.islink(stats_dir):
         temp += [os.path.join(stats_dir, n) for n in os.listdir(stats_dir) if n.endswith(".tmp")]
     for path in temp:
         with contextlib.suppress(FileNotFoundError):  # a worker may delete its own meanwhile
@@ -466,13 +542,26 @@ def build_pretraining_data(
 ) -> dict:
     """Builds (or resumes) the shards described by `config`; returns the manifest dict.
 
+    What can be known before any work is checked first, and nothing is written when it fails:
+    the fields' ranges, the inputs (`expand_inputs`), the output folder (`check_output_dir`),
+    then the vocabulary.
+
     Raises BuildInterrupted on SIGTERM / SIGINT (when called from the main thread) or when a
     worker process dies; no process and no temp file is left then (module docstring, 5).
     """
+    config.validate()
+    try:
+        inputs = expand_inputs(config.inputs) if config.inputs else None
+    except BadInputError as e:
+        raise InputFilesError(str(e)) from None
+    check_output_dir(config.output_dir, config.inputs, inputs or [])
+    from electra_tf.data.tokenizer import load_vocab  # loads TensorFlow: after the cheap checks
+
+    vocab = load_vocab(config.vocab_file)  # names the file
     try:
         # One builder per output folder (a second one exits at once naming the first's pid).
         with FolderLock(config.output_dir, "electra-build-data"), _signals_raise_interrupted():
-            return _build(config, progress_every, on_shard_done)
+            return _build(config, vocab, inputs, progress_every, on_shard_done)
     except BuildInterrupted as e:
         out = config.output_dir
         kept = [n for n in os.listdir(out) if n.startswith(SHARD_PREFIX + "-")] \
@@ -481,14 +570,75 @@ def build_pretraining_data(
                                "ones: rerun the same command to resume", e.signum) from None
 
 
-def _input_files(config: BuildConfig) -> tuple[list[str], bool]:
+def check_output_dir(output_dir: str, inputs: Sequence[str], input_files: Sequence[str]) -> None:
+    """Raises BadInputError, in one line naming --output_dir, when the shards cannot go there:
+    it is a file (an input file, say), an input folder or inside one (a rerun would read the
+    shards back as text), or it cannot be written (read-only disk, no permission); and
+    `files.LinkedFolderError` when its `.shard_stats` is a link or a file. Writes
+    nothing that stays: a folder that exists is probed with a temporary file (which holds for
+    root, whom permission bits do not stop), one that does not is checked on its nearest
+    existing parent.
+
+    Before, a file there failed with a traceback from the lock, and an unwritable folder only
+    once the first worker wrote its shard."""
+    if not output_dir:
+        raise BadInputError("--output_dir is empty; give the folder the shards go to")
+    out = os.path.abspath(output_dir)
+    existing = out
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        same = next((p for p in input_files if _same_file(existing, p)), None)
+        what = f"the --input file {same}" if same else "a file"
+        where = f": it is {what}" if existing == out else f" ({existing} is {what})"
+        raise BadInputError(f"--output_dir {output_dir} is not a folder{where}")
+    for given in inputs:
+        if not os.path.isdir(given):
+            continue
+        # Read back by `expand_inputs`' walk unless a part of the way is hidden (or "..": outside).
+        way = os.path.relpath(os.path.realpath(out), os.path.realpath(given)).split(os.sep)
+        if way == ["."] or not any(part.startswith(".") for part in way):
+            where = "" if way == ["."] else "inside "
+            raise BadInputError(f"--output_dir {output_dir} is {where}the --input folder {given}: "
+                                "a rerun would read the shards as text; put them elsewhere")
+    for path in input_files:
+        name = os.path.basename(path)
+        if os.path.dirname(path) == out and (name.startswith(SHARD_PREFIX) or name == MANIFEST):
+            raise BadInputError(f"--input {path} is an output of a build in --output_dir "
+                                f"{output_dir}; give the text files only")
+    if existing == out:
+        stats = os.path.join(out, STATS_DIR)
+        if os.path.lexists(stats):
+            files.own_folder(stats)  # a link or a file there: LinkedFolderError, nothing made
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".electra_tf.write_check.", suffix=".tmp", dir=out)
+        except OSError as e:
+            raise BadInputError(f"--output_dir {output_dir} is not writable ({e.strerror})") \
+                from None
+        os.close(fd)
+        os.remove(probe)
+    elif not os.access(existing, os.W_OK | os.X_OK) or \
+            os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise BadInputError(f"--output_dir {output_dir} cannot be created: {existing} is not "
+                            "writable")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """`os.path.samefile`, False for a path that cannot be read (a dangling link)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _input_files(config: BuildConfig, inputs: list[str] | None) -> tuple[list[str], bool]:
     """The text files to build from, and whether they are the embedded corpus (no inputs given)."""
-    if config.inputs:
-        return expand_inputs(config.inputs), False
+    if inputs is not None:
+        return inputs, False
     from electra_tf.data import corpus
 
     path = os.path.join(config.output_dir, ".imdb_corpus.txt")
-    if not os.path.exists(path):
+    if os.path.islink(path) or not os.path.isfile(path):  # a link is replaced, never read
         logging.info("No --input: writing the embedded IMDB corpus to %s", path)
         corpus.write_imdb_corpus(path)
     return [path], True
@@ -586,24 +736,27 @@ def _write_manifest(config: BuildConfig, build_key: dict, vocab: list[str],
     return manifest
 
 
-def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable | None) -> dict:
-    from electra_tf.data.tokenizer import file_sha256, load_vocab
+def _build(config: BuildConfig, vocab: list[str], inputs: list[str] | None,
+           progress_every: float, on_shard_done: Callable | None) -> dict:
+    from electra_tf.data.tokenizer import file_sha256
 
-    config.validate()
-    vocab = load_vocab(config.vocab_file)  # fail fast, naming the file, before any work
-    os.makedirs(os.path.join(config.output_dir, STATS_DIR), exist_ok=True)
-    files, embedded = _input_files(config)
+    # Every folder made inside output_dir goes through own_folder: a link is refused, not followed.
+    stats_dir = files.own_folder(os.path.join(config.output_dir, STATS_DIR))
+    paths, embedded = _input_files(config, inputs)
     t0 = time.time()
-    index = index_units(files, on_error=config.on_error)
+    try:
+        index = index_units(paths, on_error=config.on_error)
+    except BadInputError as e:
+        raise InputFilesError(str(e)) from None
     logging.info("Indexed %d files, %.1f MB, %d documents in %.1fs",
-                 len(files), index.total_bytes / 1e6, len(index), time.time() - t0)
+                 len(paths), index.total_bytes / 1e6, len(index), time.time() - t0)
     if len(index) == 0:
-        raise BadInputError(no_text_message(config.inputs, files))
+        raise InputFilesError(no_text_message(config.inputs, paths))
 
     num_shards = config.num_shards or min(
         1000, max(8, math.ceil(index.total_bytes / AUTO_SHARD_BYTES)))
     build_key = dict(
-        inputs=_input_description(files, embedded),
+        inputs=_input_description(paths, embedded),
         vocab_sha256=file_sha256(config.vocab_file),
         max_seq_length=config.max_seq_length,
         seed=config.seed,
@@ -615,7 +768,10 @@ def _build(config: BuildConfig, progress_every: float, on_shard_done: Callable |
     )
     _check_same_build(config.output_dir, build_key)
 
-    _remove_temp_files(config.output_dir)  # leftovers of a killed run
+    # Leftovers of a killed run: shard temporaries, and those of `files.write_json`.
+    _remove_temp_files(config.output_dir)
+    for folder in (config.output_dir, stats_dir):
+        files.remove_stale_temporaries(folder)
     todo = [s for s in range(num_shards)
             if not _finished_shard(os.path.join(config.output_dir, shard_name(s, num_shards)))]
     if len(todo) < num_shards:

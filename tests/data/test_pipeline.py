@@ -10,6 +10,7 @@ import pytest
 from tfrecord_framing import record_offsets
 import tensorflow as tf
 
+from electra_tf.data.packing import parse_example
 from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn,
                                       pretraining_dataset)
 
@@ -260,6 +261,36 @@ def test_check_shards_refuses_an_intact_record_that_is_not_a_pretraining_example
     for skip in (False, True):  # the wrong data, not damage: skipping does not apply
         with pytest.raises(CorruptShardError, match=re.escape(message)):
             check_shards(str(path), SEQ, skip_corrupt=skip)
+
+
+def test_check_shards_refuses_token_ids_outside_the_model_vocabulary(built_shards, helpers,
+                                                                      tmp_path):
+    out, manifest = built_shards
+    vocab_size = manifest["vocab_size"]
+    pattern = os.path.join(out, "pretrain_data.tfrecord-*")
+    assert check_shards(pattern, SEQ, vocab_size=vocab_size).damaged == ()  # its own vocabulary
+
+    records = helpers.read_records(helpers.shard_files(out)[0])
+    largest = max(max(parse_example(r)["input_ids"]) for r in records)
+    k = len(records) * 2 // 3  # past the first check batch
+    for bad_id in (vocab_size, -1):  # one past the table, negative
+        ids = [1, bad_id] + [0] * (SEQ - 2)
+        odd = tf.train.Example(features=tf.train.Features(feature={
+            n: tf.train.Feature(int64_list=tf.train.Int64List(value=v))
+            for n, v in (("input_ids", ids), ("input_mask", [1] * SEQ),
+                         ("segment_ids", [0] * SEQ))})).SerializeToString()
+        path = tmp_path / f"odd{bad_id}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for r in records[:k] + [odd] + records[k:]:
+                writer.write(r)
+        message = (f"{path}: record {k} has token id {bad_id}, outside the model's vocabulary "
+                   f"(vocab_size={vocab_size}; the largest id in this shard is "
+                   f"{max(largest, bad_id)}): the shards were built with another vocabulary; "
+                   "give it with --vocab_file")
+        for skip in (False, True):  # the wrong data, not damage: skipping does not apply
+            with pytest.raises(CorruptShardError, match=re.escape(message)):
+                check_shards(str(path), SEQ, skip_corrupt=skip, vocab_size=vocab_size)
+    check_shards(str(tmp_path / "odd-1.tfrecord"), SEQ)  # without vocab_size, not checked
 
 
 def test_check_shards_logs_progress_with_rate_and_eta(built_shards, caplog):
