@@ -23,6 +23,7 @@ seeds and the fine-tuned model to `--model_dir/best/` (with several seeds, each 
 `electra_tf/finetune/trainer.py`. `~` is expanded in every path flag.
 """
 
+import math
 import os
 
 from absl import app, flags, logging
@@ -76,29 +77,43 @@ _OVERWRITE = flags.DEFINE_bool(
 _STRATEGY = flags.DEFINE_enum("strategy", "one_device",
                               ["one_device", "mirrored", "multi_worker", "tpu"], "Distribution.")
 _TPU = flags.DEFINE_string("tpu", None, "TPU name or address (--strategy=tpu).")
-_NUM_GPUS = flags.DEFINE_integer("num_gpus", 0, "GPUs for --strategy=mirrored (0: all).")
+_NUM_GPUS = flags.DEFINE_integer("num_gpus", 0, "GPUs for --strategy=mirrored (0: all).", lower_bound=0)
 _MODEL_SIZE = flags.DEFINE_enum("model_size", None, ["small", "base", "large"],
                                 "Size whose defaults apply (default: from the hidden size).")
 _LEARNING_RATE = flags.DEFINE_float("learning_rate", None, "Peak learning rate.")
-_LAYERWISE = flags.DEFINE_float("layerwise_lr_decay", None, "Layer-wise LR decay (0: off).")
+_LAYERWISE = flags.DEFINE_float("layerwise_lr_decay", None, "Layer-wise LR decay (0: off).",
+                                lower_bound=0.0, upper_bound=1.0)
 _EPOCHS = flags.DEFINE_float("num_train_epochs", None, "Training epochs.")
-_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global training batch size.")
-_EVAL_BATCH = flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch size.")
-_MAX_SEQ = flags.DEFINE_integer("max_seq_length", None, "Tokens per input.")
-_WARMUP = flags.DEFINE_float("warmup_proportion", None, "Fraction of steps warming up.")
-_WEIGHT_DECAY = flags.DEFINE_float("weight_decay", None, "Decoupled weight decay rate.")
-_LOG_EVERY = flags.DEFINE_integer("log_every_steps", None, "Progress / summary interval.")
+_BATCH = flags.DEFINE_integer("train_batch_size", None, "Global training batch size (at most the "
+                              "number of training inputs).", lower_bound=1)
+_EVAL_BATCH = flags.DEFINE_integer("eval_batch_size", None, "Global evaluation batch size (at most "
+                                   "the number of evaluation inputs).", lower_bound=1)
+_MAX_SEQ = flags.DEFINE_integer("max_seq_length", None, "Tokens per input (3 to the model's "
+                                "max_position_embeddings).", lower_bound=3)
+_WARMUP = flags.DEFINE_float("warmup_proportion", None, "Fraction of steps warming up.",
+                             lower_bound=0.0, upper_bound=1.0)
+_WEIGHT_DECAY = flags.DEFINE_float("weight_decay", None, "Decoupled weight decay rate.",
+                                   lower_bound=0.0)
+_LOG_EVERY = flags.DEFINE_integer("log_every_steps", None, "Progress / summary interval.",
+                                  lower_bound=1)
 _NUM_SEEDS = flags.DEFINE_integer("num_seeds", 1, "Runs with seeds seed, seed+1, ...; the "
-                                  "median and spread are reported.")
+                                  "median and spread are reported.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "First seed.")
 _MAX_TRAIN = flags.DEFINE_integer("max_train_examples", None, "Use at most this many training "
-                                  "examples (quick runs).")
-_MAX_EVAL = flags.DEFINE_integer("max_eval_examples", None, "Use at most this many eval examples.")
+                                  "examples (quick runs).", lower_bound=1)
+_MAX_EVAL = flags.DEFINE_integer("max_eval_examples", None, "Use at most this many eval examples.",
+                                 lower_bound=1)
 _JIT = flags.DEFINE_bool(
     "jit_compile", None, "XLA-compile the train step (--jit_compile) or not (--nojit_compile). "
     "Unset: the faster of the two on this CPU, timed at start-up when the run is long enough "
     "for the probe to pay (its steps are undone); logged, and recorded in results.json "
     "(step_path).")
+
+# Bounds a FinetuningConfig checks too, checked here as well so that a bad value is refused
+# naming its flag before TensorFlow loads (`cli` prints absl's message as one line).
+for _name in ("learning_rate", "num_train_epochs"):
+    flags.register_validator(_name, lambda value: value is None or 0 < value < math.inf,
+                             message=f"--{_name} must be a number > 0")
 
 _HPARAMS = {
     "learning_rate": _LEARNING_RATE, "layerwise_lr_decay": _LAYERWISE, "num_train_epochs": _EPOCHS,
@@ -117,13 +132,20 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.INFO)
-    from electra_tf.config import ConfigError
-    from electra_tf.finetune.examples import TaskDataError
-    from electra_tf.finetune.trainer import run_seeds, task_from_options
-    from electra_tf.training.strategy import StrategyError, create_strategy
+    from electra_tf.finetune.config import check_model_dir
 
     if _INIT_CHECKPOINT.value is None and _CONFIG.value is None:
         raise app.UsageError("give --init_checkpoint (pretrained) or --config (random init)")
+    try:  # before TensorFlow loads; `run_seeds` checks again (a released model's cache folder)
+        check_model_dir(path(_MODEL_DIR), path(_INIT_CHECKPOINT))
+    except ValueError as e:
+        raise SystemExit(f"electra-finetune: error: {e}") from None
+    from electra_tf.config import ConfigError
+    from electra_tf.finetune.examples import TaskDataError
+    from electra_tf.finetune.trainer import run_seeds, task_from_options
+    from electra_tf.training.loop import NonFiniteLossError
+    from electra_tf.training.strategy import StrategyError, create_strategy
+
     try:
         task = task_from_options(
             _TASK.value, text_column=_TEXT_COLUMN.value, text_pair_column=_TEXT_PAIR_COLUMN.value,
@@ -138,7 +160,8 @@ def main(argv):
             vocab_file=path(_VOCAB_FILE), lower_case=_LOWER_CASE.value, strategy=strategy,
             model_size=_MODEL_SIZE.value, max_train_examples=_MAX_TRAIN.value,
             max_eval_examples=_MAX_EVAL.value, overwrite=_OVERWRITE.value)
-    except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError) as e:
+    except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError,
+            NonFiniteLossError) as e:
         raise SystemExit(f"electra-finetune: error: {e}")
     for name, s in results["summary"].items():
         print(f"{results['task']} {name}: median {s['median']:.2f} (min {s['min']:.2f}, "

@@ -2,7 +2,9 @@
 `QAOptions`, the span-QA ones a fine-tuned QA model keeps for its exporter. The same idea for
 another phase as `training/config.py` (a pretraining run's hyperparameters), both over
 `electra_tf/config.py` (the encoder's); the description of a fine-tuned model
-(`head_config.json`) is `saving.FinetunedModelConfig`.
+(`head_config.json`) is `saving.FinetunedModelConfig`. `check_model_dir` refuses an output folder
+a run may not write (a file, read-only, a pretraining run's, its starting checkpoint's); it lives
+here, below TensorFlow, so that the binary refuses before loading it.
 
 Defaults are the authors' `configure_finetuning.py` (google-research/electra): learning rate
 1e-4 (Small, Base) / 5e-5 (Large), layer-wise decay 0.8 / 0.8 / 0.9, weight decay 0.01, warmup
@@ -19,9 +21,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from typing import Any
 
+from electra_tf import files
 from electra_tf.config import MODEL_SIZES, ConfigError, JsonConfig, check_field_types
+from electra_tf.run_folder import RECORD_FILE, RunFolderError
 
 @dataclasses.dataclass(frozen=True)
 class FinetuningConfig(JsonConfig):
@@ -152,3 +158,71 @@ class QAOptions(JsonConfig):
     def of(cls, fc: FinetuningConfig, version_2: bool) -> "QAOptions":
         return cls(fc.max_query_length, fc.doc_stride, fc.n_best_size, fc.max_answer_length,
                    fc.null_score_diff_threshold, bool(version_2))
+
+
+# ---------------------------------------------------------------------------------------
+# Where a run may write: checked before anything is written or loaded.
+# ---------------------------------------------------------------------------------------
+
+def check_model_dir(model_dir, init_checkpoint=None) -> None:
+    """Raises `RunFolderError` naming --model_dir when a fine-tuning run may not write there.
+
+    Checked up front, before TensorFlow loads and before the run's lock file is made, so that a
+    refused folder stays byte-identical:
+    - a file (or a file on the way to it), a read-only or unwritable folder: the run would fail
+      after the minutes of loading and featurizing, at its first write;
+    - a pretraining run folder (`run_folder.RECORD_FILE` or a `ckpt-<n>.index`): fine-tuning
+      writes `best/`, `logs/` and `results.json` among the run's checkpoints;
+    - the folder of `init_checkpoint` itself or one holding it: its files mixed with the
+      starting point's (a model of other settings there is replaced by `--overwrite`);
+    - a link or a file planted at a folder the run makes there (`logs/`, its `train/` and
+      `eval/`, and `predictions` unless it is the run's own link into `best/`): refused again
+      by `files.own_folder` when the folder is made, so a link planted later is caught too.
+    A remote folder (gs://) is not checked; an `init_checkpoint` that is not a local path (a
+    released model's name) is not compared.
+    """
+    if model_dir is None or files.is_remote(model_dir):
+        return
+    model_dir = os.fspath(model_dir)
+    flag = f"--model_dir {model_dir}"
+    if os.path.lexists(model_dir) and not os.path.isdir(model_dir):
+        raise RunFolderError(f"{flag} exists and is not a folder")
+    existing = model_dir
+    while not os.path.lexists(existing):  # the folder a missing model_dir is made in
+        existing = os.path.dirname(os.path.abspath(existing))
+    if not os.path.isdir(existing):
+        raise RunFolderError(f"{flag}: {existing} exists and is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        read_only = os.statvfs(existing).f_flag & os.ST_RDONLY
+        raise RunFolderError(f"{flag}: cannot write in {existing} "
+                             f"({'read-only file system' if read_only else 'permission denied'})")
+    if existing == model_dir:
+        try:
+            names = os.listdir(model_dir)
+        except OSError:
+            names = []
+        found = [n for n in names if n == RECORD_FILE or re.fullmatch(r"ckpt-\d+\.index", n)]
+        if found:
+            raise RunFolderError(
+                f"{flag} is a pretraining run folder (it holds {sorted(found)[-1]}); fine-tuning "
+                "writes best/, logs/ and results.json there: give it a folder of its own")
+        for folder in ("logs", "logs/train", "logs/eval", "predictions"):
+            path = os.path.join(model_dir, folder)
+            ours = folder == "predictions" and os.path.islink(path) and os.readlink(path) == "best/predictions"
+            if os.path.lexists(path) and not ours and (os.path.islink(path) or not os.path.isdir(path)):
+                files.own_folder(path)  # raises LinkedFolderError naming it
+    if init_checkpoint is None or files.is_remote(init_checkpoint):
+        return
+    init_checkpoint = os.path.expanduser(os.fspath(init_checkpoint))
+    if os.path.isdir(init_checkpoint):
+        source = init_checkpoint
+    elif os.path.lexists(init_checkpoint) or os.path.exists(init_checkpoint + ".index"):
+        source = os.path.dirname(os.path.abspath(init_checkpoint))  # a file, a TF1 prefix
+    else:
+        return  # a released model's name: fetched into its library's cache
+    source, target = os.path.realpath(source), os.path.realpath(model_dir)
+    if os.path.commonpath([source, target]) == target:
+        raise RunFolderError(
+            f"{flag} {'is' if source == target else 'holds'} the folder of --init_checkpoint "
+            f"{init_checkpoint}; fine-tuning would write its files among the checkpoint's: give "
+            "it a folder of its own")

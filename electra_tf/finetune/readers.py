@@ -4,8 +4,10 @@ the original GLUE TSVs with `open_text`.
 
 A reader takes the task it reads for (`tasks.Task`: its columns, label names and header flag) as
 an argument and imports nothing above `examples.py`. Bad input raises `TaskDataError` whose message
-starts with `file:line:` and names the field. Every reader opens files with `open_text`, which
-drops a UTF-8 byte-order mark (Excel and Notepad write one before a CSV header).
+starts with `file:line:` and names the field, whatever the file holds: bytes that are not UTF-8,
+JSON nested too deeply for Python's reader (it raised RecursionError) or with a 5,000-digit number,
+a JSON value of the wrong type anywhere. Every reader opens files with `open_text`, which drops a
+UTF-8 byte-order mark (Excel and Notepad write one before a CSV header).
 """
 
 from __future__ import annotations
@@ -20,12 +22,99 @@ from typing import Any, Iterator, Sequence
 from electra_tf.finetune.examples import QAAnswer, QAExample, TaskDataError
 
 
-def open_text(path: str, newline: str | None = None):
+def open_text(path: str, newline: str | None = None) -> "_TaskFile":
     """Opens a task file for reading as UTF-8, without the byte-order mark some programs write
     first (Excel's and Notepad's "UTF-8" CSVs; MRPC's Microsoft file in GLUE). Left in, the mark
     sticks to the first header name (`'\\ufefftext'`) or the first JSON line. Every reader here and
-    in `glue.py` opens files with it; `newline=""` for the csv module."""
-    return open(path, encoding="utf-8-sig", newline=newline)
+    in `glue.py` opens files with it; `newline=""` for the csv module. Bytes that are not UTF-8
+    raise `TaskDataError` naming the file and line (Python's error names neither)."""
+    return _TaskFile(path, newline)
+
+
+class _TaskFile:
+    """A text file whose undecodable bytes raise TaskDataError at `file:line` (`open_text`)."""
+
+    def __init__(self, path: str, newline: str | None):
+        self.path = os.fspath(path)
+        self._file = open(path, encoding="utf-8-sig", newline=newline)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return self._decoded(next, self._file)
+
+    def read(self, *args) -> str:
+        return self._decoded(self._file.read, *args)
+
+    def readline(self, *args) -> str:
+        return self._decoded(self._file.readline, *args)
+
+    def _decoded(self, function, *args):
+        try:
+            return function(*args)
+        except UnicodeDecodeError:
+            pass
+        # UTF-8 never uses the byte of "\n" inside a character: decoding line by line finds it.
+        with open(self.path, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise TaskDataError(
+                        f"{self.path}:{line_no}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column "
+                        f"{e.start + 1}); save the file as UTF-8") from None
+        raise TaskDataError(f"{self.path}:1: not UTF-8 text; save the file as UTF-8")
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self) -> "_TaskFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._file.close()
+
+
+# Deeper than this a JSON value is called too deep; Python's reader itself gives up near
+# 1,000 levels (its recursion limit) with a RecursionError.
+_JSON_DEPTH = 500
+
+
+def parse_json(path: str, text: str, line: int | None = None):
+    """`json.loads(text)`, a task file's content or one line of it (`line`), with every way it
+    can fail as TaskDataError at `file:line`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        where, what = (line, "malformed JSON line") if line else (e.lineno, "malformed JSON")
+        raise TaskDataError(f"{path}:{where}: {what}: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        where = line or _deep_line(text)
+        raise TaskDataError(f"{path}:{where}: JSON nested too deeply (more than {_JSON_DEPTH} levels "
+                            "of lists or objects) to be task data") from None
+    except ValueError as e:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        what = "an integer of more than 4300 digits" if "digits" in str(e) else str(e)
+        raise TaskDataError(f"{path}:{line or 1}: malformed JSON: {what}") from None
+
+
+def _deep_line(text: str) -> int:
+    """The line where the nesting of `text` first goes deeper than _JSON_DEPTH."""
+    depth, line, in_string, escaped = 0, 1, False, False
+    for char in text:
+        if char == "\n":
+            line += 1
+        elif in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > _JSON_DEPTH:
+                return line
+        elif char in "]}":
+            depth -= 1
+    return 1
 
 
 def extension(path: str) -> str:
@@ -49,10 +138,7 @@ def jsonl_rows(path: str) -> Iterator[tuple[str, dict]]:
             if not line.strip():
                 continue
             loc = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TaskDataError(f"{loc}: malformed JSON line: {e.msg} at column {e.colno}") from None
+            row = parse_json(path, line, line_no)
             if not isinstance(row, dict):
                 raise TaskDataError(f"{loc}: expected a JSON object per line, got {type(row).__name__}")
             yield loc, row
@@ -159,6 +245,9 @@ def regression_label(task, loc: str, row) -> float:
     except (TypeError, ValueError):
         raise TaskDataError(
             f"{loc}: field {task.label_column!r}: regression label {value!r} is not a number") from None
+    except OverflowError:  # a JSON integer past 1e308
+        raise TaskDataError(f"{loc}: field {task.label_column!r}: regression label of "
+                            f"{len(str(value))} digits is not finite as a float") from None
     if not math.isfinite(label):
         raise TaskDataError(f"{loc}: field {task.label_column!r}: regression label {value!r} is not finite")
     return label
@@ -232,21 +321,26 @@ def read_squad_json(path: str | os.PathLike, v2: bool = False) -> list[QAExample
     path = os.fspath(path)
     with open_text(path) as f:
         raw = f.read()
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise TaskDataError(f"{path}:{e.lineno}: malformed JSON: {e.msg} at column {e.colno}") from None
+    data = parse_json(path, raw)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise TaskDataError(f"{path}:1: field 'data': expected a SQuAD object with a 'data' list")
     examples = []
     last_line = 1
-    for a, article in enumerate(data["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs", [])):
+
+    def items(parent, key: str, field: str) -> list:
+        """`parent[key]` ([] when missing): a list of JSON objects, else TaskDataError."""
+        value = parent.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise TaskDataError(f"{path}:{last_line}: field '{field}': expected a list of objects")
+        return value
+
+    for a, article in enumerate(items(data, "data", "data")):
+        for p, paragraph in enumerate(items(article, "paragraphs", f"data[{a}].paragraphs")):
             where = f"data[{a}].paragraphs[{p}]"
             context = paragraph.get("context")
             if not isinstance(context, str) or not context.strip():
                 raise TaskDataError(f"{path}:{last_line}: field '{where}.context': missing or empty")
-            for q, qa in enumerate(paragraph.get("qas", [])):
+            for q, qa in enumerate(items(paragraph, "qas", f"{where}.qas")):
                 field = f"{where}.qas[{q}]"
                 qid = qa.get("id")
                 line = last_line = _qid_line(raw, qid if isinstance(qid, str) else None, last_line)
@@ -274,6 +368,8 @@ def _squad_example(loc: str, field: str, qid: str, qa: dict, context: str, v2: b
     answers = []
     for i, answer in enumerate(raw_answers):
         name = f"{field}.answers[{i}]"
+        if not isinstance(answer, dict):
+            raise TaskDataError(f"{loc}: field '{name}': expected an object (id {qid})")
         text, start = answer.get("text"), answer.get("answer_start")
         if not isinstance(text, str) or not text or isinstance(start, bool) or not isinstance(start, int):
             raise TaskDataError(f"{loc}: field '{name}': needs a non-empty 'text' and an integer "

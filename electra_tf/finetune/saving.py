@@ -20,6 +20,9 @@ Layout:
       vocab.txt          the WordPiece vocabulary the inputs were tokenized with
       predictions.*      the evaluation predictions of that epoch (as in predictions/)
       submission/        GLUE test predictions of this model (GLUE tasks with test files)
+      finetuning_config.json, results.json, predictions/
+                         what the trainer writes with the model: the run that made it
+                         (`trainer.py`'s layout)
 
 Example:
     head, description, vocab_file = load_finetuned("ft/rt")  # a run's model_dir, or its best/
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 from electra_tf import files
@@ -154,16 +156,16 @@ def describe_finetuned(head, task: Task, fc: FinetuningConfig, **fields) -> Fine
 
 def save_finetuned(head, folder, description: FinetunedModelConfig, vocab_file) -> Path:
     """Writes `head` in the `best/` layout of the module docstring, described by `description`
-    (`describe_finetuned`), into `folder` (replaced: the trainer gives a private staging folder,
-    published as `best/` when the run is complete)."""
+    (`describe_finetuned`), into `folder`: made when missing, its model files replaced, the rest
+    kept (the trainer gives a private staging folder that already holds the run's config and
+    predictions, published as `best/` when the run is complete). `head_config.json` is written
+    last: a folder with it holds a complete model."""
     import tensorflow as tf
 
     folder = Path(folder)
     if folder.is_symlink():
         folder.unlink()  # never write through a link we did not make
-    elif folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    files.own_folder(folder)
     tf.train.Checkpoint(model=head).write(str(folder / description.checkpoint))
     files.copy_file(vocab_file, folder / description.vocab)
     head.config.to_json(folder / "config.json")

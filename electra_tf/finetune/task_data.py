@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 from typing import Sequence
@@ -29,7 +28,7 @@ from typing import Sequence
 from absl import logging
 
 from electra_tf import files
-from electra_tf.finetune import glue
+from electra_tf.finetune import glue, readers
 from electra_tf.finetune.examples import SentenceExample, TaskDataError
 from electra_tf.finetune.families import get_family
 from electra_tf.finetune.tasks import Task
@@ -75,11 +74,8 @@ def save_label_names(path: str | os.PathLike, names: Sequence[str]) -> None:
 
 
 def load_label_names(path: str | os.PathLike) -> tuple[str, ...]:
-    with open(path, encoding="utf-8") as f:
-        try:
-            names = json.load(f)
-        except json.JSONDecodeError as e:
-            raise TaskDataError(f"{os.fspath(path)}:{e.lineno}: field 'label_names': {e.msg}") from None
+    with readers.open_text(os.fspath(path)) as f:
+        names = readers.parse_json(os.fspath(path), f.read())
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise TaskDataError(f"{os.fspath(path)}:1: field 'label_names': expected a JSON list of strings")
     return tuple(names)

@@ -21,13 +21,21 @@ exporter.
 Layout of `model_dir` after `finetune`:
 
     model_dir/
-      finetuning_config.json    the FinetuningConfig used
-      results.json              this run: seed, best epoch, best metrics, every epoch's metrics
-      predictions/epoch_<e>.jsonl         (the family's prediction files: JSONL records, or
-      predictions/epoch_<e>.json [+ epoch_<e>_null_odds.json]    SQuAD's for QA)
-      predictions/epoch_<e>_<set>.jsonl   a second evaluation set (MNLI: dev_mismatched)
+      best/                     the fine-tuned model with the best main metric (see below),
+                                and what describes it, written with it:
+        finetuning_config.json  the FinetuningConfig used
+        results.json            this run: seed, best epoch, best metrics, every epoch's metrics
+        predictions/epoch_<e>.jsonl         (the family's prediction files: JSONL records, or
+        predictions/epoch_<e>.json [+ epoch_<e>_null_odds.json]    SQuAD's for QA)
+        predictions/epoch_<e>_<set>.jsonl   a second evaluation set (MNLI: dev_mismatched)
+      results.json -> best/results.json, predictions -> best/predictions   (links)
       logs/train, logs/eval     TensorBoard: loss, learning_rate, steps_per_sec; eval metrics
-      best/                     the fine-tuned model with the best main metric (see below)
+                                (every run's: a run adds event files)
+
+The run's config and predictions live in `best/` because they describe its model: written
+beside it at the top level, as they were, a killed `--overwrite` rerun left the old `best/` under
+the new run's config and predictions. The top-level names are links into `best/`, so they change
+with it in its one swap (`_RunFolder`).
 
 With several evaluation sets (MNLI's matched and mismatched dev files) each is evaluated and
 reported; the first ("dev", MNLI's matched set) picks the best epoch, the others' metrics carry
@@ -41,6 +49,13 @@ run in `model_dir/seed_<s>/` each, and `model_dir/best/` is a copy of the best s
 (`best_seed` in results.json). Either way the fine-tuned model is `model_dir/best/`.
 
 The saved fine-tuned model `best/` is what `saving.py` writes and reads (`load_finetuned`).
+
+SIGTERM or SIGINT stops a run after the running batch (at once in set-up and evaluation):
+`preemption.Interrupted` (exit status 128 + the signal, 143 / 130) after one logged line naming
+the step and the folder. Nothing of the stopped run is published (a finished `best/` already in
+`model_dir` and its results.json stay), so the same command starts it again cleanly. Fine-tuning
+keeps no mid-run checkpoint, so unlike pretraining's preemption (exit 0, resumed) a stop here is
+not a success.
 
 Inputs of every head: int32 `input_ids`, `input_mask`, `segment_ids` laid out as `features.py`
 describes ([batch, max_seq_length]; multiple choice [batch, choices, max_seq_length]). Outputs:
@@ -58,6 +73,7 @@ import dataclasses
 import json
 import math
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -70,12 +86,12 @@ from electra_tf import files
 from electra_tf.run_folder import RunFolderError
 from electra_tf.config import ElectraConfig
 from electra_tf.data.inputs import INPUT_KEYS
-from electra_tf.finetune.config import FinetuningConfig
+from electra_tf.finetune.config import FinetuningConfig, check_model_dir
 from electra_tf.finetune.families import FAMILIES, Features, TaskFamily, get_family
 from electra_tf.finetune.saving import FinetunedModelConfig, describe_finetuned, save_finetuned
 from electra_tf.finetune.task_data import data_files, infer_label_names, load_examples
 from electra_tf.finetune.tasks import Task, generic_task, get_task
-from electra_tf.training import summaries
+from electra_tf.training import preemption, summaries
 
 
 def _log(message: str) -> None:
@@ -149,16 +165,27 @@ def finetune(task, model_config=None, finetuning_config: FinetuningConfig | None
 
     # A released model's name -> its local folder, where its vocabulary and casing are read.
     init_checkpoint = resolve_checkpoint(init_checkpoint)
+    check_model_dir(model_dir, init_checkpoint)  # before the lock file: a refusal changes nothing
     strategy = resolve_strategy(strategy)
     out = _RunFolder(Path(model_dir), is_chief(strategy))  # only the chief writes (multi-worker)
+    # SIGTERM / SIGINT: `preemption.Interrupted` after the running batch (or at once in set-up
+    # and evaluation). Nothing of this run is published; the rerun starts it again.
+    stop = preemption.StopRequest(at_once=True)
     try:
-        return _finetune(out, task, model_config, finetuning_config, train_examples=train_examples,
-                         eval_examples=eval_examples, train_path=train_path, eval_path=eval_path,
-                         data_dir=data_dir, tfds_data_dir=tfds_data_dir, init_checkpoint=init_checkpoint,
-                         vocab_file=vocab_file, lower_case=lower_case, strategy=strategy, seed=seed,
-                         max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
-                         model_size=model_size, log=log, overwrite=overwrite, settings=settings,
-                         published=published)
+        with stop:
+            return _finetune(out, task, model_config, finetuning_config, train_examples=train_examples,
+                             eval_examples=eval_examples, train_path=train_path, eval_path=eval_path,
+                             data_dir=data_dir, tfds_data_dir=tfds_data_dir, init_checkpoint=init_checkpoint,
+                             vocab_file=vocab_file, lower_case=lower_case, strategy=strategy, seed=seed,
+                             max_train_examples=max_train_examples, max_eval_examples=max_eval_examples,
+                             model_size=model_size, log=log, overwrite=overwrite, settings=settings,
+                             published=published, stop=stop)
+    except preemption.Interrupted as e:
+        kept = " (the model already in best/ is)" if (out.path / "best").is_dir() else ""
+        message = (f"{e} of seed {seed} in {out.path}: nothing of this run is kept{kept}; run "
+                   "the same command to fine-tune it again")
+        _warner(log)(message)
+        raise preemption.Interrupted(message, e.signum) from None
     finally:
         out.close()
 
@@ -198,7 +225,7 @@ def request_settings(task, model_config=None, finetuning_config=None, **given) -
 def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train_examples,
               eval_examples, train_path, eval_path, data_dir, tfds_data_dir, init_checkpoint,
               vocab_file, lower_case, strategy, seed, max_train_examples, max_eval_examples,
-              model_size, log, overwrite, settings, published) -> dict:
+              model_size, log, overwrite, settings, published, stop) -> dict:
     import keras
 
     if settings is None:
@@ -218,6 +245,7 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
     data = _TaskData.load(family, task, files_, tokenizer, fc, train_examples=train_examples,
                           eval_examples=eval_examples, tfds_data_dir=tfds_data_dir,
                           max_train_examples=max_train_examples, max_eval_examples=max_eval_examples)
+    _check_batch_sizes(finetuning_config, fc, data)
     steps = _Steps.of(data.num_train, fc.train_batch_size, fc.num_train_epochs)
     _log_plan(task, data, steps, fc.train_batch_size, seed, log)
 
@@ -227,16 +255,19 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
                                           fc.train_batch_size, seed, fc.jit_compile,
                                           total_steps=steps.total, log=log)
     log(step_choice.line())
-    logbook = _TrainingLog(out, steps.total, fc.log_every_steps, log)
+    logbook = _TrainingLog(out, steps.total, fc.log_every_steps, log, per_epoch=steps.per_epoch,
+                           learning_rate=fc.learning_rate)
     best = _BestEpoch(fc.keep_best, keep_weights=bool(data.test_sets))
     for step in range(1, steps.total + 1):
+        stop.progress = f"{step - 1} of {steps.total} steps"
+        stop.check()  # a signal that arrived in the last batch and was not raised yet
         lr = float(optimizer.learning_rate)  # this step's rate (the schedule at `iterations`)
         logbook.train(step, float(train_step()), lr)
         if step in steps.evaluations:
             epoch = steps.epoch(step)
             results, records = _evaluate_sets(head, task, data.eval_sets, fc, strategy)
             logbook.evaluation(step, epoch, results)
-            out.write_predictions(family, records, out.path / "predictions", f"epoch_{epoch:g}")
+            out.write_predictions(family, records, out.epoch_predictions, f"epoch_{epoch:g}")
             if best.update(head, epoch, step, results):
                 description = describe_finetuned(head, task, fc, lower_case=lower_case, epoch=epoch,
                                                  metrics=results, seed=seed)
@@ -371,8 +402,9 @@ def _finetuning_config(finetuning_config, config: ElectraConfig, task_name: str,
     else:
         fc = finetuning_config
     if fc.max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"FinetuningConfig.max_seq_length: {fc.max_seq_length} exceeds the model's "
-                         f"max_position_embeddings {config.max_position_embeddings}")
+        raise ValueError(f"--max_seq_length {fc.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {config.max_position_embeddings} (its longest "
+                         "input); give at most that")
     return fc
 
 
@@ -447,6 +479,28 @@ class _Steps:
 
     def epoch(self, step: int) -> float:
         return round(step / self.per_epoch, 3)
+
+
+def _check_batch_sizes(requested, fc: FinetuningConfig, data: _TaskData) -> None:
+    """Refuses a batch size asked for as an override (the command line's --train_batch_size,
+    --eval_batch_size) that is larger than the data it batches, naming the flag and the count.
+
+    A training batch larger than the set is filled by repeating examples (a repeated pass): a
+    batch of 100,000 over 64 examples ran 100,000 rows a step, grew to 19 GB after a warning and
+    was killed for memory. Nobody asks for that on purpose. A default batch larger than a small
+    set (or one of a FinetuningConfig given whole) keeps the warning of `_log_plan`: the run is
+    then one step that sees every example.
+    """
+    given = requested if isinstance(requested, dict) else {}
+    evaluation = max(data.eval_sets.values(), key=lambda d: len(d.arrays["input_ids"]))
+    for name, what, examples, inputs in (
+            ("train_batch_size", "training", len(data.train_examples), data.num_train),
+            ("eval_batch_size", "largest evaluation", len(evaluation.examples),
+             len(evaluation.arrays["input_ids"]))):
+        if name in given and getattr(fc, name) > inputs:
+            counted = f"{examples} examples" + (f", {inputs} inputs" if inputs != examples else "")
+            raise ValueError(f"--{name} {getattr(fc, name)} is larger than the {what} data "
+                             f"({counted}); give at most {inputs}")
 
 
 def _log_plan(task: Task, data: _TaskData, steps: _Steps, batch: int, seed: int, log) -> None:
@@ -586,6 +640,9 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
     import tensorflow as tf
 
     n = len(inputs["input_ids"])
+    # A batch larger than the data would be padded to its size (an eval_batch_size of 100,000
+    # on 16 examples: 100,000 rows through the model); one batch of the data gives the same.
+    batch_size = min(batch_size, max(n, strategy.num_replicas_in_sync))
     padded = int(math.ceil(n / batch_size)) * batch_size
     arrays = {k: np.concatenate([inputs[k], np.zeros((padded - n,) + inputs[k].shape[1:], inputs[k].dtype)])
               for k in INPUT_KEYS}
@@ -649,25 +706,31 @@ class _TrainingLog:
     `log_every_steps` (log line and TensorBoard `logs/train`), evaluation metrics (log line,
     `logs/eval` and `history`)."""
 
-    def __init__(self, out: "_RunFolder", total_steps: int, every_n: int, log):
+    def __init__(self, out: "_RunFolder", total_steps: int, every_n: int, log, *, per_epoch: int = 0,
+                 learning_rate: float | None = None):
         import tensorflow as tf
 
         from electra_tf.progress import ProgressLogger
 
-        self.writers = {name: tf.summary.create_file_writer(str(out.path / "logs" / name)) if out.chief
-                        else tf.summary.create_noop_writer() for name in ("train", "eval")}
+        # logs/ and its folders are made here, each refused when it is a link (`files.own_folder`;
+        # logs/ first: making logs/train would follow a link at logs/): TensorFlow's writer would
+        # put its events in the link's target.
+        logs = files.own_folder(out.path / "logs") if out.chief else None
+        self.writers = {name: tf.summary.create_file_writer(str(files.own_folder(logs / name)))
+                        if out.chief else tf.summary.create_noop_writer() for name in ("train", "eval")}
         self.progress = ProgressLogger(total_steps, every_n=every_n, log_fn=lambda fmt, *args: log(fmt % args))
         self.log, self.history = log, []
         self.loss_sum, self.loss_count, self.last_time, self.last_step = 0.0, 0, time.time(), 0
+        self.model_dir, self.per_epoch, self.learning_rate = out.path, per_epoch, learning_rate
 
     def train(self, step: int, loss: float, lr: float) -> None:
+        if not math.isfinite(loss):
+            self.diverged(step, loss)
         self.loss_sum += loss
         self.loss_count += 1
         if not self.progress.due(step):
             return
         mean_loss = self.loss_sum / self.loss_count
-        if not math.isfinite(mean_loss):
-            raise FloatingPointError(f"step {step}: loss is {mean_loss}")
         self.progress.update(step, loss=mean_loss, lr=lr)
         now = time.time()
         with self.writers["train"].as_default():
@@ -675,6 +738,22 @@ class _TrainingLog:
             summaries.scalar("learning_rate", lr, step=step)
             summaries.scalar("steps_per_sec", (step - self.last_step) / max(now - self.last_time, 1e-9), step=step)
         self.loss_sum, self.loss_count, self.last_time, self.last_step = 0.0, 0, now, step
+
+    def diverged(self, step: int, loss: float) -> None:
+        """Raises `NonFiniteLossError` (the pretraining loop's: one line from the binaries) naming
+        the step, the loss and what to try. Every step's loss is checked, not only the logged
+        means: weights gone NaN would otherwise be evaluated and saved as the best epoch."""
+        from electra_tf.training.loop import NonFiniteLossError
+
+        epoch = f" (epoch {math.ceil(step / self.per_epoch)})" if self.per_epoch else ""
+        rate = f" (it is {self.learning_rate:g})" if self.learning_rate is not None else ""
+        best = self.model_dir / "best"
+        kept = (f"the finished model in {best} is kept" if best.is_dir()
+                else "no model of this run is kept")
+        raise NonFiniteLossError(
+            f"training diverged: the loss is {loss} at step {step}{epoch}; lower --learning_rate"
+            f"{rate}, or check the training labels (a label far larger than the others, say); "
+            f"{kept}")
 
     def evaluation(self, step: int, epoch: float, results: dict) -> None:
         self.history.append({"epoch": epoch, "step": step, **results})
@@ -699,10 +778,11 @@ class _RunFolder:
     workers run the same loop and write nothing).
 
     A finished model is never lost (`electra_tf.files`): the chief locks the folder for the run;
-    the best epoch is written to a private staging folder, and only when the run is complete is
-    it swapped in for `best/` in one step, with this run's `results.json` inside it, so that the
-    top-level `results.json` (a link to `best/results.json`) and `best/` always change together.
-    A kill at any instant leaves the previous `best/` and its results, or the new ones.
+    the run's config, every epoch's predictions and the best epoch are written to a private
+    staging folder, and only when the run is complete is it swapped in for `best/` in one step,
+    with this run's `results.json` inside it, so that the top-level `results.json` and
+    `predictions` (links into `best/`) and `best/` always change together. A kill at any instant
+    leaves the previous `best/` and what describes it, or the new ones.
     """
 
     path: Path
@@ -724,7 +804,7 @@ class _RunFolder:
 
     def write_config(self, name: str, config) -> None:
         if self.chief:
-            config.to_json(self.path / name)
+            config.to_json(self.best_in_progress / name)
 
     def write_json(self, name: str, value: dict) -> None:
         if self.chief:
@@ -736,6 +816,11 @@ class _RunFolder:
         if self.chief:
             for name, set_records in records.items():
                 family.write_predictions(set_records, folder, stem if name == "dev" else f"{stem}_{name}")
+
+    @property
+    def epoch_predictions(self) -> Path:
+        """Where every epoch's predictions go: `predictions/` of the staged model."""
+        return files.own_folder(self.best_in_progress / PREDICTIONS) if self.chief else self.path
 
     @property
     def best_in_progress(self) -> Path:
@@ -769,12 +854,15 @@ class _RunFolder:
 
 
 RESULTS = "results.json"
+PREDICTIONS = "predictions"
+CONFIG = "finetuning_config.json"
 
 
 def publish_best(model_dir: Path, staging: Path | None, results: dict) -> None:
-    """Puts `staging` (a complete model with its predictions) at `model_dir/best/` in one step,
-    with `results` as `best/results.json`, and makes `model_dir/results.json` a relative link to
-    it. Without `staging` (no model saved), writes results.json alone."""
+    """Puts `staging` (a complete model with its config and predictions) at `model_dir/best/` in
+    one step, with `results` as `best/results.json`, and makes `model_dir/results.json` and
+    `model_dir/predictions` relative links into it. Without `staging` (no model saved), writes
+    results.json alone."""
     model_dir = Path(model_dir)
     top = model_dir / RESULTS
     if staging is None:
@@ -787,13 +875,43 @@ def publish_best(model_dir: Path, staging: Path | None, results: dict) -> None:
         # A folder of an earlier version (results.json beside best/, not in it): keep the pair
         # consistent through the switch to the link.
         files.copy_file(top, old / RESULTS)
+    _file_away(model_dir / CONFIG, old)
+    _file_away(model_dir / PREDICTIONS, old)
     _link(top, f"best/{RESULTS}")
+    if (staging / PREDICTIONS).is_dir():
+        _link(model_dir / PREDICTIONS, f"best/{PREDICTIONS}")
     files.publish_folder(staging, old)
 
 
+def _file_away(path: Path, old_best: Path) -> None:
+    """The config or predictions an earlier version wrote at the top level of model_dir, beside
+    `best/` rather than in it, moved into the `best/` they describe before it is replaced (one
+    rename). A file that describes no model (no `best/`, or it has its own) or a link planted
+    there is removed; such a folder is left for `_link` to exchange with its link."""
+    if not os.path.lexists(path) or (os.path.islink(path) and os.readlink(path) == f"best/{path.name}"):
+        return
+    if os.path.islink(path) or not (old_best.is_dir() and not old_best.is_symlink()) \
+            or os.path.lexists(old_best / path.name):
+        if os.path.islink(path) or not path.is_dir():
+            os.unlink(path)
+        return
+    os.rename(path, old_best / path.name)
+
+
 def _link(path: Path, target: str) -> None:
-    """`path` becomes a symlink to `target`, replacing what is there in one rename."""
+    """`path` becomes a symlink to `target`, replacing what is there in one step."""
     if os.path.islink(path) and os.readlink(path) == target:
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        # A folder cannot be renamed over: the link takes its place in one exchange, and the
+        # folder, now under a staging name (removed at the next start if we die), is deleted.
+        aside = path.parent / f".{path.name}.staging-{secrets.token_hex(6)}"
+        os.symlink(target, aside)
+        if not files.exchange(aside, path):
+            os.unlink(aside)
+            os.rename(path, aside)  # no renameat2: the folder aside, then the link in its place
+            os.symlink(target, path)
+        shutil.rmtree(aside)
         return
     tmp = files.temporary_name(path)
     os.symlink(target, tmp)
@@ -951,6 +1069,7 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
     model_dir = Path(model_dir)
     if kwargs.get("init_checkpoint") is not None:  # a released model's name: fetched once
         kwargs["init_checkpoint"] = resolve_checkpoint(kwargs["init_checkpoint"])
+    check_model_dir(model_dir, kwargs.get("init_checkpoint"))
     kwargs["strategy"] = resolve_strategy(kwargs.get("strategy"))  # one strategy for every seed
     chief = is_chief(kwargs["strategy"])
     settings = request_settings(
@@ -963,6 +1082,8 @@ def run_seeds(task, model_config=None, finetuning_config=None, *, model_dir, num
         runs = []
         for s in range(seed, seed + num_seeds):
             run_dir = model_dir if num_seeds == 1 else model_dir / f"seed_{s}"
+            if chief and run_dir != model_dir:
+                files.own_folder(run_dir)  # a link planted at seed_<s> is refused, not followed
             # One seed: its model is best/ itself, published with the summary as results.json.
             published = (lambda run: _summary_of([run], model_dir)) if num_seeds == 1 else None
             runs.append(finetune(task, model_config, finetuning_config, model_dir=run_dir, seed=s,
