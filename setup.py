@@ -65,6 +65,7 @@ setuptools.setup(
             "electra-export=electra_tf.tools.export:run",
             "electra-serve=electra_tf.tools.serve:run",
             "electra-client=electra_tf.tools.client:run",
+            "electra-generate-models-config=electra_tf.tools.generate_models_config:run",
         ]
     },
 )

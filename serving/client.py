@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import urllib.error
 import urllib.request
@@ -54,6 +55,12 @@ class ServingRequestError(Exception):
     def __init__(self, status: Any, message: str):
         super().__init__(f"{status}: {message}")
         self.status, self.message = status, message
+
+
+class UnreachableServerError(ServingRequestError):
+    """No answer came: nothing listens at the address, the host is unknown or unreachable, the
+    server closed the connection, or the answer did not come within the timeout. `message` is one
+    line naming the problem; `status` is "UNAVAILABLE" (REST) or the grpc.StatusCode."""
 
 
 class _Client:
@@ -170,7 +177,8 @@ class RestClient(_Client):
     """TF Serving REST client (stdlib urllib)."""
 
     def _url(self, version: int | None, suffix: str = "") -> str:
-        url = f"http://{self.host}:{self.port}/v1/models/{self.model_name}"
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
+        url = f"http://{host}:{self.port}/v1/models/{self.model_name}"
         if version is not None:
             url += f"/versions/{int(version)}"
         return url + suffix
@@ -180,14 +188,35 @@ class RestClient(_Client):
         request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                status, text = response.status, response.read()
         except urllib.error.HTTPError as e:
-            text = e.read().decode("utf-8", "replace")
+            try:
+                text = e.read().decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):  # the connection dropped mid-answer
+                text = ""
             try:
                 message = json.loads(text).get("error", text)
-            except ValueError:
+            except (ValueError, AttributeError):  # not a JSON object: another kind of server answered
                 message = text
-            raise ServingRequestError(e.code, message) from None
+            raise ServingRequestError(e.code, " ".join(str(message).split()) or e.reason) from None
+        except urllib.error.URLError as e:  # connection refused, unknown host, no route
+            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e.reason)) from None
+        except (OSError, http.client.HTTPException) as e:  # reset, closed without an answer, timed out
+            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+        try:
+            answer = json.loads(text)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise ServingRequestError(status, "the answer is not a JSON object; is this a TF Serving REST port?")
+        return answer
+
+    def _transport_problem(self, reason) -> str:
+        if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+            return f"no answer within {self.timeout:g} s"
+        if isinstance(reason, http.client.RemoteDisconnected):
+            return "the server closed the connection without answering"
+        return getattr(reason, "strerror", None) or " ".join(str(reason).split()) or type(reason).__name__
 
     def status(self, version: int | None = None) -> dict:
         return self._call(self._url(version))
@@ -265,7 +294,15 @@ class GrpcClient(_Client):
         try:
             return method(request, timeout=self.timeout)
         except self._grpc.RpcError as e:
-            raise ServingRequestError(e.code(), e.details()) from None
+            code, details = e.code(), " ".join((e.details() or "").split())
+            # gRPC reports a refused connection, an unknown host and a dropped connection as
+            # UNAVAILABLE ("failed to connect to all addresses; ..."), a server that never
+            # answers as DEADLINE_EXCEEDED.
+            if code == self._grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise UnreachableServerError(code, f"no answer within {self.timeout:g} s") from None
+            if code == self._grpc.StatusCode.UNAVAILABLE:
+                raise UnreachableServerError(code, details or "unavailable") from None
+            raise ServingRequestError(code, details) from None
 
     def status(self, version: int | None = None) -> dict:
         from google.protobuf import json_format

@@ -113,7 +113,8 @@ def array_to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
 
 def _grpc_version(model_spec) -> int | None:
     if model_spec.WhichOneof("version_choice") == "version_label":
-        raise not_found(f"Unrecognized servable version label: {model_spec.version_label} (no version labels are configured)")
+        raise not_found(f"Unrecognized servable version label: {model_spec.version_label} (electra-serve does not"
+                        " resolve version labels; ask for a version number)")
     if model_spec.HasField("version"):
         return model_spec.version.value
     return None

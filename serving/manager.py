@@ -1,8 +1,10 @@
 """The model manager: which versions of which models are loaded, and their status.
 
-Models live in `BASE/NAME/VERSION/` (VERSION a positive integer). A background thread polls the
-base paths, loads new versions and unloads removed ones, following each model's version policy
-(latest / all / specific, as in TF Serving's models.config). A version that fails to load is
+Models live in `BASE/NAME/VERSION/` (VERSION in ASCII digits, a positive int64: `version_of`). A
+background thread polls the base paths, loads new versions and unloads removed ones, following each
+model's version policy (latest / all / specific, as in TF Serving's models.config). A base path that
+cannot be listed (renamed away during a redeploy, a storage hiccup) changes nothing: the loaded
+versions keep serving until it is back, as in TF Serving. A version that fails to load is
 logged, reported in its status (the error code and message TF Serving's GetModelStatus gives,
 without the server's paths: the log has them), and skipped; the versions already loaded keep serving.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from typing import Sequence
@@ -39,23 +42,53 @@ class _VersionRecord:
         self.fingerprint: tuple | None = None  # of the directory when its load failed
 
 
-def _list_versions(base_path: str) -> dict[int, str]:
-    """Numbered version folders that hold a SavedModel, by version."""
-    found = {}
-    try:
-        names = os.listdir(base_path)
-    except OSError:
-        return found
-    for entry in names:
+_VERSION_NAME = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() and int() also take '٣' and '³'
+_INT64_MAX = 2**63 - 1
+_warned_duplicates: set[tuple[str, str, str]] = set()  # logged once, not at every poll
+
+
+def version_of(folder_name: str) -> int | None:
+    """The version a folder name stands for, or None.
+
+    TF Serving parses names with `strings::safe_strto64`: ASCII digits that fit in an int64,
+    leading zeros allowed (`00012` is version 12). Here also only versions >= 1 count (the REST
+    paths and version policies of this server are positive), and the blanks and minus sign
+    safe_strto64 would also let through (` 12`, `-3`) do not: no deploy tool writes them."""
+    if not _VERSION_NAME.fullmatch(folder_name):
+        return None
+    digits = folder_name.lstrip("0")
+    if not digits or len(digits) > 19 or int(digits) > _INT64_MAX:  # len first: int() of 4300+ digits raises
+        return None
+    return int(digits)
+
+
+def _list_versions(base_path: str) -> tuple[dict[int, str], set[int]]:
+    """({version: path} of the numbered version folders that hold a SavedModel, versions whose
+    folder holds none yet).
+
+    Raises OSError when the base path cannot be listed (gone, unmounted, not readable); the
+    caller then keeps what it has loaded, as TF Serving does when its poll fails."""
+    found, unfinished, names = {}, set(), {}
+    for entry in sorted(os.listdir(base_path)):  # TF Serving: of two names of one version (12, 00012) the last wins
+        version = version_of(entry)
         path = os.path.join(base_path, entry)
-        if not entry.isdigit() or int(entry) <= 0 or not os.path.isdir(path):
+        if version is None or not os.path.isdir(path):
             continue
+        if version in names and (base_path, names[version], entry) not in _warned_duplicates:
+            _warned_duplicates.add((base_path, names[version], entry))
+            log.warning("version folders %r and %r of %s are both version %d; serving %r",
+                        names[version], entry, base_path, version, entry)
+        names[version] = entry
         # A folder without saved_model.pb is still being written: look again next poll.
         if os.path.exists(os.path.join(path, "saved_model.pb")) or os.path.exists(
             os.path.join(path, "saved_model.pbtxt")
         ):
-            found[int(entry)] = path
-    return found
+            found[version] = path
+            unfinished.discard(version)
+        else:
+            found.pop(version, None)
+            unfinished.add(version)
+    return found, unfinished
 
 
 def _fingerprint(path: str) -> tuple:
@@ -81,6 +114,7 @@ class ModelManager:
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._unreadable: dict[str, str] = {}  # model name -> why its base path could not be listed
 
     # --- polling
 
@@ -96,8 +130,28 @@ class ModelManager:
                     log.exception("polling model %r failed", config.name)
 
     def _poll_model(self, config: ModelConfig) -> None:
-        available = _list_versions(config.base_path)
         records = self._records[config.name]
+        try:
+            available, unfinished = _list_versions(config.base_path)
+        except OSError as e:
+            # TF Serving's FileSystemStoragePathSource: a base path it cannot find fails the
+            # poll and changes nothing, so a storage hiccup or a base path renamed away and back
+            # during a redeploy never unloads what is serving. Logged once per outage.
+            reason = e.strerror or str(e)
+            if self._unreadable.get(config.name) != reason:
+                serving = sorted(v for v, r in records.items() if r.servable is not None)
+                log.warning("cannot list the base path of model %r (%s: %s); keeping the loaded versions %s"
+                            " until it is back", config.name, config.base_path, reason, serving)
+            self._unreadable[config.name] = reason
+            return
+        if self._unreadable.pop(config.name, None) is not None:
+            log.info("the base path of model %r is back: %s", config.name, config.base_path)
+        for version in unfinished:
+            # A loaded version whose folder is being rewritten (saved_model.pb away for a
+            # moment) keeps serving; TF Serving does not look inside the folders at all.
+            record = records.get(version)
+            if record is not None and record.servable is not None:
+                available[version] = record.servable.path
         wanted = config.select(available)
         keep: list[int] = []
         for version in wanted:

@@ -30,6 +30,7 @@ import dataclasses
 import re
 from typing import Iterable, Sequence
 
+
 from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
@@ -39,6 +40,8 @@ VERSION_POLICIES = ("latest", "all", "specific")
 # so it cannot hold '/', ':' or whitespace.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _URI_RE = re.compile(r"^[a-z][a-z0-9+.\-]*://", re.IGNORECASE)
+_INT64_MAX = 2**63 - 1
+_UINT32_MAX = 2**32 - 1
 
 
 class ModelConfigError(ValueError):
@@ -57,6 +60,9 @@ class ModelConfig:
         version_policy: "latest" (the `num_versions` highest), "all", or "specific".
         versions: the versions to serve with the "specific" policy.
         num_versions: how many of the highest versions the "latest" policy serves.
+        version_labels: TF Serving's `version_labels` as (label, version) pairs. They are
+            checked and written back, but this server does not resolve labels (a request by
+            label gets NOT_FOUND, saying so).
     """
 
     name: str
@@ -64,9 +70,12 @@ class ModelConfig:
     version_policy: str = "latest"
     versions: tuple[int, ...] = ()
     num_versions: int = 1
+    version_labels: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "versions", tuple(self.versions))
+        labels = self.version_labels.items() if isinstance(self.version_labels, dict) else self.version_labels
+        object.__setattr__(self, "version_labels", tuple(sorted(tuple(pair) for pair in labels)))
         self.validate()
 
     def validate(self) -> None:
@@ -77,8 +86,10 @@ class ModelConfig:
             )
         if not isinstance(self.base_path, str) or not self.base_path.strip():
             raise ModelConfigError(f"base_path of model {self.name!r}: must be a non-empty path")
-        if '"' in self.base_path or "\n" in self.base_path:
-            raise ModelConfigError(f"base_path of model {self.name!r}: quotes and newlines are not allowed")
+        if '"' in self.base_path or not self.base_path.isprintable():
+            # A NUL would end the path early in C (TF Serving) and is refused by every Python file call.
+            raise ModelConfigError(
+                f"base_path of model {self.name!r}: {self.base_path!r} holds quotes or control characters")
         if not (self.base_path.startswith("/") or _URI_RE.match(self.base_path)):
             raise ModelConfigError(
                 f"base_path of model {self.name!r}: {self.base_path!r} must be absolute"
@@ -91,15 +102,33 @@ class ModelConfig:
         if self.version_policy == "specific":
             if not self.versions:
                 raise ModelConfigError(f"versions of model {self.name!r}: the 'specific' policy needs at least one")
-            bad = [v for v in self.versions if not isinstance(v, int) or isinstance(v, bool) or v <= 0]
+            bad = [v for v in self.versions if not _is_version(v)]
             if bad:
-                raise ModelConfigError(f"versions of model {self.name!r}: {bad} are not positive integers")
+                raise ModelConfigError(
+                    f"versions of model {self.name!r}: {bad} are not versions (integers from 1 to 2^63-1, the"
+                    " names of version folders)")
         elif self.versions:
             raise ModelConfigError(
                 f"versions of model {self.name!r}: only used with version_policy='specific'"
             )
-        if not isinstance(self.num_versions, int) or self.num_versions <= 0:
-            raise ModelConfigError(f"num_versions of model {self.name!r}: must be a positive integer")
+        if not isinstance(self.num_versions, int) or isinstance(self.num_versions, bool) or not (
+                0 < self.num_versions <= _UINT32_MAX):
+            raise ModelConfigError(f"num_versions of model {self.name!r}: must be an integer from 1 to {_UINT32_MAX}"
+                                   f" (a uint32 in TF Serving's config), got {self.num_versions!r}")
+        for label, version in self.version_labels:
+            if not isinstance(label, str) or not _NAME_RE.match(label):
+                raise ModelConfigError(
+                    f"version_labels of model {self.name!r}: {label!r} is not a valid label (letters, digits,"
+                    " '_', '.', '-'; it is a REST URL segment, /labels/LABEL)")
+            if not _is_version(version):
+                raise ModelConfigError(
+                    f"version_labels of model {self.name!r}: label {label!r} names {version!r}, not a version"
+                    " (an integer from 1 to 2^63-1)")
+            if self.version_policy == "specific" and version not in self.versions:
+                # TF Serving refuses a label on a version it has not loaded; this one it never will.
+                raise ModelConfigError(
+                    f"version_labels of model {self.name!r}: label {label!r} names version {version}, which the"
+                    f" 'specific' policy {list(self.versions)} never serves")
 
     def select(self, available: Iterable[int]) -> list[int]:
         """The versions this policy wants out of `available`, highest first.
@@ -124,6 +153,8 @@ class ModelConfig:
         elif self.num_versions != 1:
             policy.latest.num_versions = self.num_versions
         # "latest" with one version is TF Serving's default: leave the policy unset.
+        for label, version in self.version_labels:
+            config.version_labels[label] = version
         return config
 
     @classmethod
@@ -133,15 +164,29 @@ class ModelConfig:
                 f"model_platform of model {config.name!r}: {config.model_platform!r} is not supported"
                 " (only 'tensorflow')"
             )
+        if not config.name:
+            raise ModelConfigError("name: a model has no name")
+        if not config.base_path:
+            raise ModelConfigError(f"base_path of model {config.name!r}: missing")
         policy = config.model_version_policy
         version_policy = policy.WhichOneof("policy_choice")
+        labels = tuple(config.version_labels.items())
         if version_policy == "all":
-            return cls(config.name, config.base_path, "all")
+            return cls(config.name, config.base_path, "all", version_labels=labels)
         if version_policy == "specific":
-            return cls(config.name, config.base_path, "specific", tuple(policy.specific.versions))
-        latest = version_policy == "latest" and policy.latest.num_versions
-        num = policy.latest.num_versions if latest else 1
-        return cls(config.name, config.base_path, "latest", num_versions=num)
+            return cls(config.name, config.base_path, "specific", tuple(policy.specific.versions), version_labels=labels)
+        if version_policy not in (None, "latest"):  # latest_once and future policies
+            raise ModelConfigError(f"model_version_policy of model {config.name!r}: {version_policy!r} is not supported"
+                                   f" (only {', '.join(VERSION_POLICIES)})")
+        # TF Serving serves max(num_versions, 1): 0 (unset) is one.
+        num = max(policy.latest.num_versions, 1) if version_policy == "latest" else 1
+        return cls(config.name, config.base_path, "latest", num_versions=num, version_labels=labels)
+
+
+def _is_version(value) -> bool:
+    """A version number as TF Serving's version folders and int64 fields hold them (0 and the
+    negatives are no folder name this server reads as a version)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= _INT64_MAX
 
 
 def models_config_proto(configs: Sequence[ModelConfig]) -> model_server_config_pb2.ModelServerConfig:
@@ -163,24 +208,48 @@ def models_config_text(configs: Sequence[ModelConfig]) -> str:
 
 
 def parse_models_config(text: str) -> list[ModelConfig]:
-    """Parse a `models.config` text protobuf into validated `ModelConfig`s."""
+    """Parse a `models.config` text protobuf into validated `ModelConfig`s.
+
+    Raises ModelConfigError with one line naming the field (and line and column for a syntax
+    error) for anything TF Serving would refuse or this server cannot serve as asked."""
     server_config = model_server_config_pb2.ModelServerConfig()
     try:
         text_format.Parse(text, server_config)
     except text_format.ParseError as e:
-        raise ModelConfigError(f"models.config does not parse as ModelServerConfig: {e}") from e
+        raise ModelConfigError(_parse_error(e)) from None
     if server_config.WhichOneof("config") != "model_config_list":
-        raise ModelConfigError("models.config: only model_config_list is supported")
-    configs = [ModelConfig.from_proto(c) for c in server_config.model_config_list.config]
+        what = server_config.WhichOneof("config")
+        raise ModelConfigError("no model_config_list (the file holds no model)" if what is None
+                               else f"{what}: not supported, only model_config_list")
+    configs = []
+    for index, config in enumerate(server_config.model_config_list.config):
+        try:
+            configs.append(ModelConfig.from_proto(config))
+        except ModelConfigError as e:
+            raise ModelConfigError(f"model_config_list.config[{index}]: {e}") from None
     models_config_proto(configs)  # the list-level checks (non-empty, unique names)
     return configs
 
 
+def _parse_error(error: text_format.ParseError) -> str:
+    """text_format's message in one line, without the echo of the offending line (which may be
+    long or binary), its characters that do not print escaped."""
+    reason = re.sub(r"^\d+:\d+ : (?:'.*?': )?", "", str(error), count=1, flags=re.S)
+    reason = "".join(c if c.isprintable() else repr(c)[1:-1] for c in reason)
+    where = f"line {error.GetLine()} column {error.GetColumn()}" if error.GetLine() else "syntax"
+    return f"does not parse as a ModelServerConfig text protobuf at {where}: {reason}"
+
+
 def read_models_config(path: str) -> list[ModelConfig]:
-    with open(path, encoding="utf-8") as f:
-        return parse_models_config(f.read())
-
-
-def write_models_config(path: str, configs: Sequence[ModelConfig]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(models_config_text(configs))
+    """`parse_models_config` of the file at `path`; errors (ModelConfigError, OSError) name it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start});"
+                               " a models.config is a text protobuf") from None
+    try:
+        return parse_models_config(text)
+    except ModelConfigError as e:
+        raise ModelConfigError(f"{path}: {e}") from None

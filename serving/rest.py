@@ -129,7 +129,8 @@ def _metric_labels(command: str, path: str) -> tuple[str, str]:
 def _version(version: str | None, label: str | None) -> int | None:
     """The version in the path, an int64 as in TF Serving (whose message this is)."""
     if label is not None:
-        raise not_found(f"Unrecognized servable version label: {shown(label)} (no version labels are configured)")
+        raise not_found(f"Unrecognized servable version label: {shown(label)} (electra-serve does not resolve"
+                        " version labels; ask for a version number)")
     if version is None:
         return None
     # Digits only (the route's pattern); a length check first: int() refuses 4300+ digits.

@@ -10,9 +10,15 @@ stop everyone else; that was this server's first design. What is bounded instead
   connection that sends nothing for that long is closed, and a client that dribbles its
   headers a byte at a time (slow loris) is cut off at the same deadline. A request that
   was begun but not finished gets 408 before the close.
-- Connections. At most `max_connections` are served at once; one more gets 503 with a
-  JSON error and is closed (its thread lives two seconds at most: one to read the request,
-  one to close), and beyond twice the cap new connections are closed without an answer.
+- Connections. At most `max_connections` are served at once. A new connection at the cap
+  closes the connection that has been idle longest (waiting for its next request with no byte
+  of it received: a kept-alive client between requests, or one that connected and sent nothing
+  for a second), as nginx reclaims keep-alive connections when it runs out of them, so idle
+  clients never lock a new one out; HTTP/1.1 clients reopen a kept-alive connection the server
+  closed. Only when every connection is busy (a request arriving, running or being answered)
+  does the new one get 503 with a JSON error and is closed (its thread lives two seconds at
+  most: one to read the request, one to close); beyond twice the cap new connections are
+  closed without an answer.
 - Compute. Model calls are bounded elsewhere (`serving.batching`), so a connection waiting
   for its turn holds no compute slot and idle connections never take one.
 
@@ -26,6 +32,7 @@ import http.server
 import io
 import json
 import logging
+import math
 import re
 import socket
 import sys
@@ -39,13 +46,31 @@ _CHUNK = 64 * 1024
 _REJECT_SECONDS = 1.0  # how long a connection over the cap may take to send the request its 503 answers
 _LINGER_SECONDS = 1.0  # how long a closing connection's input is read and dropped (see shutdown_request)
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+# A connection that has not yet sent its first request is not closed for a newcomer before this
+# long: its request may be on the wire (a burst of new clients would otherwise close each other).
+_FIRST_REQUEST_GRACE_SECONDS = 1.0
+
+
+class _Connection:
+    """What the cap needs to know of a served connection: whether it is idle (waiting for a
+    request, no byte of it received), when its last request began (or when it connected), and
+    whether it has been answered once. Least recently used first: the order requests began is
+    the order clients sent them, where the moments answers finish race between threads."""
+
+    __slots__ = ("idle", "last_used", "answered")
+
+    def __init__(self):
+        self.idle = True
+        self.last_used = time.monotonic()
+        self.answered = False
 
 
 class _DeadlineReader(io.RawIOBase):
     """Reads from a socket that fail with TimeoutError once `deadline` (time.monotonic()) has passed."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, connection: _Connection | None = None):
         self._sock = sock
+        self._connection = connection
         self.deadline = time.monotonic()
         self.received = 0  # bytes since the caller last reset it
 
@@ -58,6 +83,8 @@ class _DeadlineReader(io.RawIOBase):
             raise TimeoutError("the request deadline has passed")
         self._sock.settimeout(remaining)
         n = self._sock.recv_into(buffer)
+        if n and self._connection is not None:
+            self._connection.idle = False  # a request is arriving: busy, not to be closed for a newcomer
         self.received += n
         return n
 
@@ -69,7 +96,8 @@ class ConnectionServer(http.server.ThreadingHTTPServer):
         address: (host, port) to bind.
         handler_class: a `JsonRequestHandler` subclass.
         idle_timeout_seconds: time a request may take to arrive, idle wait included.
-        max_connections: connections served at once; one more gets 503.
+        max_connections: connections served at once; one more closes the longest idle one,
+            or gets 503 when none is idle.
     """
 
     daemon_threads = True
@@ -83,7 +111,7 @@ class ConnectionServer(http.server.ThreadingHTTPServer):
         self.max_connections = max_connections
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()  # every connection with a thread
-        self._admitted: set[socket.socket] = set()  # the ones being served (at most max_connections)
+        self._admitted: dict[socket.socket, _Connection] = {}  # the ones being served (at most max_connections)
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, handler_class)
@@ -100,12 +128,32 @@ class ConnectionServer(http.server.ThreadingHTTPServer):
             return
         super().process_request(request, client_address)
 
-    def admit(self, request) -> bool:
+    def admit(self, request) -> _Connection | None:
+        """The new connection's state if it is served, after closing the longest idle connection
+        when at the cap; None when every connection is busy (it gets 503)."""
         with self._lock:
             if len(self._admitted) >= self.max_connections:
-                return False
-            self._admitted.add(request)
-            return True
+                now, oldest, oldest_used = time.monotonic(), None, math.inf
+                for sock, connection in self._admitted.items():
+                    used = connection.last_used
+                    if connection.idle and used < oldest_used and (
+                            connection.answered or now - used >= _FIRST_REQUEST_GRACE_SECONDS):
+                        oldest, oldest_used = sock, used
+                if oldest is None:
+                    return None
+                del self._admitted[oldest]
+                # Under the lock: its thread closes it only after taking the lock (shutdown_request),
+                # so this cannot reach a closed (or reused) descriptor. Its blocked read returns
+                # at once with end of file and the thread closes the connection.
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                log.debug("closed the longest idle connection for a new one (%d connections, the cap)",
+                          self.max_connections)
+            connection = _Connection()
+            self._admitted[request] = connection
+            return connection
 
     def shutdown_request(self, request):
         """Close a connection after its last answer; called once per connection, on its thread.
@@ -126,7 +174,7 @@ class ConnectionServer(http.server.ThreadingHTTPServer):
             pass
         with self._lock:
             self._open.discard(request)
-            self._admitted.discard(request)
+            self._admitted.pop(request, None)
         self.close_request(request)
 
     def handle_error(self, request, client_address):
@@ -161,9 +209,10 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
-        self._reader = _DeadlineReader(self.connection)
+        self._state = self.server.admit(self.request)  # None: over the cap, answered 503
+        self.admitted = self._state is not None
+        self._reader = _DeadlineReader(self.connection, self._state)
         self.rfile = io.BufferedReader(self._reader, _CHUNK)
-        self.admitted = self.server.admit(self.request)
         self._responding = False
 
     def handle(self):
@@ -178,8 +227,12 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
         self._reader.received = 0
         self._responding = False
         self.command, self.request_version, self.requestline = "", "", ""
+        if self._state is not None:  # waiting for a request: the cap may close it for a newcomer
+            self._state.idle = True
         try:
             self.raw_requestline = self.rfile.readline(65537)
+            if self._state is not None:  # busy (a request already buffered never reaches the reader)
+                self._state.idle, self._state.last_used = False, time.monotonic()
             if not self.raw_requestline:
                 self.close_connection = True
                 return
@@ -194,10 +247,12 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
             if not self.admitted:
                 self.discard_body()
                 return self.send_error(
-                    503, f"the server is serving {self.server.max_connections} connections, its limit; retry later"
+                    503, f"the server is serving {self.server.max_connections} connections, its limit, and none"
+                    " is idle; retry later"
                 )
             getattr(self, "do_" + self.command, self.do_not_allowed)()
             self.wfile.flush()
+            self._state.answered = True
         except TimeoutError:
             self.close_connection = True
             if self._reader.received and not self._responding:  # else idle: close without a word

@@ -4,10 +4,11 @@ The official `tensorflow_model_server` is a C++ binary shipped as a Docker image
 server lets the project run, test and demonstrate serving without it, while clients
 see the same wire contract (TF Serving's g3doc/api_rest.md and apis/*.proto):
 
-- Models live in `BASE/NAME/VERSION/` (VERSION a positive integer). The highest
-  version is served by default; a background thread polls the base paths, loads new
-  versions and unloads removed ones. A version that fails to load is logged and
-  skipped, and the versions already loaded keep serving.
+- Models live in `BASE/NAME/VERSION/` (VERSION in ASCII digits, a positive int64). The
+  highest version is served by default; a background thread polls the base paths, loads
+  new versions and unloads removed ones. A version that fails to load is logged and
+  skipped, and the versions already loaded keep serving; so do they while a base path
+  cannot be listed (renamed away and back).
 - REST: `GET /v1/models/NAME[/versions/V]` (status), `.../metadata`, and
   `POST /v1/models/NAME[/versions/V]:predict` (row `instances` or columnar `inputs`).
 - gRPC: `PredictionService.Predict`, `PredictionService.GetModelMetadata`,
@@ -22,6 +23,7 @@ The modules, from the model outward:
   rest.py              the REST routes;
   grpc_api.py          the gRPC services and TensorProto conversion;
   budget.py            how many request bytes are parsed at once (the memory a request may cost);
+  ports.py, defaults.py  the ports and limits, checked before any model loads;
   metrics.py           Prometheus metrics under TF Serving's names (--monitoring_config_file);
   errors.py            status codes and their HTTP equivalents;
   server.py            `ModelServer`, which puts them together.
@@ -40,7 +42,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import socket
 import threading
 from concurrent import futures
 from typing import Sequence
@@ -58,51 +59,19 @@ from electra_tf.serving.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
     DEFAULT_REST_MAX_CONNECTIONS,
+    limit_error,
 )
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
 from electra_tf.serving.manager import ModelManager
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
+from electra_tf.serving.ports import PortError, check_ports, port_error
 from electra_tf.serving.rest import RestServer
 
+__all__ = ["ModelServer", "PortError"]
+
 log = logging.getLogger(__name__)
-
-
-class PortError(OSError):
-    """A port the server cannot listen on (in use, privileged, an address not on this machine).
-
-    Its message is one line for the person who started the server, e.g. "REST port 8501 on
-    127.0.0.1 is already in use"; `errno` is the system's."""
-
-    def __str__(self) -> str:
-        return self.strerror  # without OSError's "[Errno 98] " prefix
-
-
-def _port_error(what: str, host: str, port: int, error: OSError) -> PortError:
-    if error.errno == errno.EADDRINUSE:
-        return PortError(error.errno, f"{what} port {port} on {host} is already in use")
-    return PortError(error.errno, f"{what} port {port} on {host}: {error.strerror or error}")
-
-
-def _check_port_free(what: str, host: str, port: int) -> None:
-    """Raises PortError if nothing could listen on host:port now.
-
-    gRPC's own bind failure is a RuntimeError without the reason (the C core logs it to stderr),
-    so the port is tried here first, as both servers bind it (SO_REUSEADDR, no SO_REUSEPORT),
-    and closed again. Another process may still take it in between: then `start` reports the
-    bind failure as a PortError all the same."""
-    try:
-        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError as e:
-        raise _port_error(what, host, port, e) from None
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as e:
-                raise _port_error(what, host, port, e) from None
 
 
 class ModelServer:
@@ -116,15 +85,17 @@ class ModelServer:
         host: the address to bind (loopback by default).
         models: instead of `model_base_path`, several `ModelConfig`s (e.g. from a
             `models.config` file); they also carry the version policy.
-        poll_interval_seconds: how often to look for new versions; <= 0 looks once.
+        poll_interval_seconds: how often to look for new versions; <= 0 looks once. A base path
+            that cannot be listed keeps its loaded versions (serving.manager).
         max_body_bytes: larger REST bodies get 413; also the gRPC message limit, and the bytes of
             requests parsed at once (serving.budget).
         max_batch_size: larger batches get INVALID_ARGUMENT / 400.
         rest_idle_timeout_seconds: a REST connection is closed after this long without a
             request, and each request must arrive whole within this long (see
             serving.rest_connections).
-        rest_max_connections: REST connections served at once; one more gets 503.
-        model_threads: model calls run at once without batching (default: one per core);
+        rest_max_connections: REST connections served at once. At the cap a new connection
+            closes the longest idle one; only when none is idle does it get 503.
+        model_threads: model calls run at once without batching (default or 0: one per core);
             the other requests wait their turn in arrival order.
         batching: TF Serving's `--enable_batching` with these parameters (see
             serving.batching); None runs each request on its own.
@@ -162,10 +133,17 @@ class ModelServer:
         if models is None:
             base = os.path.abspath(model_base_path)
             models = [ModelConfig(model_name or os.path.basename(base.rstrip(os.sep)), base)]
-        if max_body_bytes <= 0 or max_batch_size <= 0:
-            raise ValueError("max_body_bytes and max_batch_size must be positive")
-        if rest_idle_timeout_seconds <= 0 or rest_max_connections <= 0:
-            raise ValueError("rest_idle_timeout_seconds and rest_max_connections must be positive")
+        limits = {"max_body_bytes": max_body_bytes, "max_batch_size": max_batch_size,
+                  "rest_idle_timeout_seconds": rest_idle_timeout_seconds, "rest_max_connections": rest_max_connections,
+                  "model_threads": model_threads or 0, "grpc_threads": grpc_threads,
+                  "poll_interval_seconds": poll_interval_seconds, "rest_port": rest_port or 0, "grpc_port": grpc_port or 0}
+        for name, value in limits.items():
+            if (error := limit_error(name, value)) is not None:
+                raise ValueError(f"{name} {error}")
+        for config in models:
+            if config.version_labels:  # TF Serving's; checked (serving.model_config) but not resolved here
+                log.warning("model %r: version_labels %s are not served by this server; requests by label get"
+                            " NOT_FOUND", config.name, dict(config.version_labels))
         self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
         self.manager = ModelManager(models, metrics=self.metrics)
         self.host = host
@@ -201,9 +179,7 @@ class ModelServer:
         Raises PortError (one line: "REST port 8501 on 127.0.0.1 is already in use") if a port
         cannot be opened; nothing is left running then. The ports are tried before the models
         load, so that a taken port is reported at once rather than after a long load."""
-        for what, port in (("REST", self._requested_ports[0]), ("gRPC", self._requested_ports[1])):
-            if port:
-                _check_port_free(what, self.host, port)
+        check_ports(self.host, *self._requested_ports)
         self.manager.poll()
         for name in self.manager.configs:
             try:
@@ -217,7 +193,7 @@ class ModelServer:
                 try:
                     self._rest = RestServer((self.host, rest_port), self)
                 except OSError as e:
-                    raise _port_error("REST", self.host, rest_port, e) from None
+                    raise port_error("REST", self.host, rest_port, e) from None
                 self.rest_port = self._rest.server_address[1]
                 self._rest_thread = threading.Thread(
                     target=self._rest.serve_forever, kwargs={"poll_interval": 0.2}, name="rest-server", daemon=True

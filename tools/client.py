@@ -2,41 +2,66 @@ r"""electra-client: send texts to a TF Serving-compatible server; one JSON line 
 
     electra-client --server=127.0.0.1:8501 --protocol=rest --model_name=electra \
         --text="a great movie" --text="dull" [--text_pair=... per --text]
+
+A server that cannot be reached (nothing listening, an unknown or unreachable host, a connection
+closed without an answer, no answer within --timeout_seconds) or that refuses the request is one
+line on stderr naming the server's address and the problem, exit 1.
 """
 
 import json
+import math
+import re
 
 from absl import app, flags
 
 from electra_tf import cli
-from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
+from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError, UnreachableServerError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("server", "127.0.0.1:8501", "host:port of the REST or gRPC endpoint.")
+flags.DEFINE_string("server", "127.0.0.1:8501", "host:port of the REST or gRPC endpoint ([::1]:8501 for IPv6).")
 flags.DEFINE_enum("protocol", "rest", ["rest", "grpc"], "API to use.")
 flags.DEFINE_string("model_name", "electra", "Served model name.")
 flags.DEFINE_multi_string("text", [], "An input text (repeat for a batch).")
 flags.DEFINE_multi_string("text_pair", None, "The second segment, one per --text.")
 flags.DEFINE_string("signature_name", "serving_default", "Signature to call.")
 flags.DEFINE_integer("model_version", None, "A specific version (default: the latest served).")
+flags.DEFINE_float("timeout_seconds", 60.0, "Seconds to wait for each answer (connecting included).")
+
+_PORT = re.compile(r"[0-9]{1,5}")  # ASCII: str.isdigit() also takes '٣'
+
+
+def parse_server(server: str) -> tuple[str, int]:
+    """(host, port) of --server's host:port; app.UsageError naming the flag if it is not one."""
+    host, _, port = server.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not _PORT.fullmatch(port) or not 0 < int(port) <= 65535:
+        raise app.UsageError(f"--server must be host:port with a port from 1 to 65535, got {server!r}")
+    return host, int(port)
 
 
 def main(argv):
     del argv
     if not FLAGS.text:
         raise app.UsageError("give at least one --text")
-    host, _, port = FLAGS.server.rpartition(":")
-    if not host or not port.isdigit():
-        raise app.UsageError(f"--server must be host:port, got {FLAGS.server!r}")
-    host = host.strip("[]")
+    if FLAGS.text_pair is not None and len(FLAGS.text_pair) != len(FLAGS.text):
+        raise app.UsageError(f"give one --text_pair per --text: {len(FLAGS.text)} --text but"
+                             f" {len(FLAGS.text_pair)} --text_pair")
+    if not (math.isfinite(FLAGS.timeout_seconds) and FLAGS.timeout_seconds > 0):
+        raise app.UsageError(f"--timeout_seconds must be a finite number of seconds > 0, got {FLAGS.timeout_seconds}")
+    host, port = parse_server(FLAGS.server)
+    where = f"{ {'rest': 'REST', 'grpc': 'gRPC'}[FLAGS.protocol]} server at {FLAGS.server}"
     client_type = RestClient if FLAGS.protocol == "rest" else GrpcClient
-    client = client_type(host, int(port), FLAGS.model_name)
+    client = client_type(host, port, FLAGS.model_name, timeout=FLAGS.timeout_seconds)
     try:
         results = client.classify_texts(FLAGS.text, FLAGS.text_pair, FLAGS.signature_name, FLAGS.model_version)
+    except UnreachableServerError as e:
+        raise SystemExit(f"electra-client: error: {where}: {e.message}") from None
     except ServingRequestError as e:
-        raise SystemExit(f"server error {e.status}: {e.message}")
-    except ValueError as e:
-        raise app.UsageError(str(e))
+        status = getattr(e.status, "name", e.status)  # grpc.StatusCode.NOT_FOUND -> NOT_FOUND
+        raise SystemExit(f"electra-client: error: {where} answered {status}: {e.message}") from None
+    except (KeyError, TypeError, ValueError, IndexError) as e:  # an answer not shaped as TF Serving's
+        raise SystemExit(f"electra-client: error: {where} answered something that is not TF Serving's"
+                         f" API ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
     for i, outputs in enumerate(results):
         line = {"text": FLAGS.text[i]}
         if FLAGS.text_pair is not None:

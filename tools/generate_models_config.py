@@ -8,29 +8,44 @@ Each --model is NAME:BASE_PATH[:POLICY], POLICY one of `latest` (default), `late
 the server sees it (e.g. inside the container).
 """
 
+import re
+
 from absl import app, flags
 
-from electra_tf import cli
+from electra_tf import cli, files
 from electra_tf.serving.model_config import ModelConfig, ModelConfigError, models_config_text
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("model", [], "NAME:BASE_PATH[:POLICY]")
 flags.DEFINE_string("output", None, "File to write (default: stdout).")
 
+# What a POLICY is. A last part that only looks like one (latest5x, 1,,2, Arabic-Indic digits) is
+# refused rather than taken as part of the base path or read by int(), which accepts any script's digits.
+_LOOKS_LIKE_POLICY = re.compile(r"latest.*|all|[\d,\s]+", re.S)
+_LATEST = re.compile(r"latest([0-9]{1,10})?")
+_VERSIONS = re.compile(r"[0-9]{1,19}(?:,[0-9]{1,19})*")
+
 
 def parse_model_flag(value: str) -> ModelConfig:
+    """A ModelConfig from NAME:BASE_PATH[:POLICY]; ModelConfigError naming the value if it is none."""
     name, sep, rest = value.partition(":")
     if not sep:
         raise ModelConfigError(f"--model {value!r}: expected NAME:BASE_PATH[:POLICY]")
     base_path, policy = rest, "latest"
     head, _, tail = rest.rpartition(":")
-    if head and (tail in ("latest", "all") or tail.startswith("latest") or tail.replace(",", "").isdigit()):
+    if head and _LOOKS_LIKE_POLICY.fullmatch(tail):
         base_path, policy = head, tail
-    if policy == "all":
-        return ModelConfig(name, base_path, "all")
-    if policy.startswith("latest"):
-        return ModelConfig(name, base_path, "latest", num_versions=int(policy[6:] or 1))
-    return ModelConfig(name, base_path, "specific", tuple(int(v) for v in policy.split(",")))
+    try:
+        if policy == "all":
+            return ModelConfig(name, base_path, "all")
+        if latest := _LATEST.fullmatch(policy):
+            return ModelConfig(name, base_path, "latest", num_versions=int(latest.group(1) or 1))
+        if _VERSIONS.fullmatch(policy):
+            return ModelConfig(name, base_path, "specific", tuple(int(v) for v in policy.split(",")))
+    except ModelConfigError as e:
+        raise ModelConfigError(f"--model {value!r}: {e}") from None
+    raise ModelConfigError(f"--model {value!r}: POLICY {policy!r} is not latest, latestN, all or comma-separated"
+                           " versions (ASCII digits, 1 to 2^63-1: 1,2)")
 
 
 def main(argv):
@@ -42,8 +57,7 @@ def main(argv):
     except ModelConfigError as e:
         raise app.UsageError(str(e))
     if FLAGS.output:
-        with open(FLAGS.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        files.write_text(FLAGS.output, text)  # a link at --output is replaced, never written through
     else:
         print(text, end="")
 

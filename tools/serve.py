@@ -11,6 +11,11 @@ serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_o
 TF Serving's; their default differs (see `intra_op_threads`). --monitoring_config_file is TF
 Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py).
 Runs until SIGINT/SIGTERM, then stops cleanly.
+
+Refused in one line naming the flag or file, before TensorFlow or any model loads: a flag out of
+its range (serving/defaults.py), a models.config that does not parse or names a model badly
+(serving/model_config.py), a local base path that does not exist (TF Serving would wait for it),
+equal REST and gRPC ports (TF Serving drops REST) and a port already in use.
 """
 
 import os
@@ -28,22 +33,28 @@ from electra_tf.serving.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
     DEFAULT_REST_MAX_CONNECTIONS,
+    limit_error,
 )
+from electra_tf.serving.ports import PortError, check_ports
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_base_path", None, "The BASE/NAME folder holding numbered version folders.")
 flags.DEFINE_string("model_name", None, "Served model name (default: basename of --model_base_path).")
 flags.DEFINE_string("model_config_file", None, "A models.config text protobuf, instead of --model_base_path.")
-flags.DEFINE_integer("rest_api_port", 8501, "REST port (0: pick a free one).")
+flags.DEFINE_integer("rest_api_port", 8501, "REST port (0: pick a free one); not the same as --port.")
 flags.DEFINE_integer("port", 8500, "gRPC port (0: pick a free one).")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to the network.")
-flags.DEFINE_float("file_system_poll_wait_seconds", 1.0, "Seconds between polls for new versions (<= 0: once).")
+flags.DEFINE_float("file_system_poll_wait_seconds", 1.0,
+                   "Seconds between polls for new versions (<= 0: once). A base path that cannot be listed"
+                   " keeps the loaded versions serving until it is back.")
 flags.DEFINE_integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, "Largest REST body (413 above) and gRPC message.")
 flags.DEFINE_integer("max_batch_size", DEFAULT_MAX_BATCH_SIZE, "Largest batch per request (400 above).")
 flags.DEFINE_float("rest_idle_timeout_seconds", DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
                    "A REST connection without a request for this long is closed; a request must arrive whole within it.")
-flags.DEFINE_integer("rest_max_connections", DEFAULT_REST_MAX_CONNECTIONS, "REST connections served at once (503 above).")
-flags.DEFINE_integer("model_threads", None, "Model calls at once without batching (default: one per core).")
+flags.DEFINE_integer("rest_max_connections", DEFAULT_REST_MAX_CONNECTIONS,
+                     "REST connections served at once; at the cap a new one closes the longest idle one, and gets"
+                     " 503 only when none is idle.")
+flags.DEFINE_integer("model_threads", None, "Model calls at once without batching (default or 0: one per core).")
 flags.DEFINE_bool("enable_batching", False, "Merge concurrent requests into batches (TF Serving's flag).")
 flags.DEFINE_string("batching_parameters_file", None,
                     "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
@@ -72,11 +83,68 @@ def intra_op_threads(requested: int, concurrent_calls: int, cores: int) -> int:
     return requested or max(1, cores // max(1, concurrent_calls))
 
 
+# flag -> the ModelServer argument whose valid values (serving.defaults.limit_error) it takes
+_LIMIT_FLAGS = {
+    "max_body_bytes": "max_body_bytes", "max_batch_size": "max_batch_size",
+    "rest_idle_timeout_seconds": "rest_idle_timeout_seconds", "rest_max_connections": "rest_max_connections",
+    "model_threads": "model_threads", "grpc_threads": "grpc_threads",
+    "file_system_poll_wait_seconds": "poll_interval_seconds", "rest_api_port": "rest_port", "port": "grpc_port",
+}
+
+
+def _error(message: str) -> SystemExit:
+    return SystemExit(f"electra-serve: error: {message}")
+
+
+def served_models() -> list[model_config.ModelConfig]:
+    """The models the flags ask for, their names, paths and policies checked (`check_base_paths`
+    looks at the folders)."""
+    if FLAGS.model_config_file:
+        try:
+            models = model_config.read_models_config(FLAGS.model_config_file)
+        except model_config.ModelConfigError as e:
+            raise _error(f"--model_config_file {e}") from None
+        except OSError as e:
+            raise _error(f"--model_config_file {FLAGS.model_config_file}: {e.strerror or e}") from None
+    else:
+        base = os.path.abspath(FLAGS.model_base_path)
+        name = FLAGS.model_name or os.path.basename(base.rstrip(os.sep))
+        try:
+            models = [model_config.ModelConfig(name, base)]
+        except model_config.ModelConfigError as e:
+            flag = "--model_name" if FLAGS.model_name or str(e).startswith("name") else "--model_base_path"
+            raise _error(f"{flag}: {e}") from None
+    return models
+
+
+def check_base_paths(models: list[model_config.ModelConfig]) -> None:
+    """Refuses a local base path that is not a folder, where TF Serving logs it at every poll and
+    waits: at start it is a typo or a volume not mounted far more often than a deploy yet to
+    come (an empty folder still waits for its first version). Remote ones (gs://...) are not
+    looked at."""
+    for config in models:
+        if "://" in config.base_path or os.path.isdir(config.base_path):
+            continue
+        where = (f"--model_config_file {FLAGS.model_config_file}: base_path of model {config.name!r}"
+                 if FLAGS.model_config_file else "--model_base_path")
+        problem = "is not a folder" if os.path.exists(config.base_path) else "does not exist"
+        raise _error(f"{where}: {config.base_path} {problem} (the folder of the numbered versions; an empty"
+                     " one waits for the first)")
+
+
 def main(argv):
     del argv
     if bool(FLAGS.model_base_path) == bool(FLAGS.model_config_file):
         raise app.UsageError("pass exactly one of --model_base_path or --model_config_file")
-    models = model_config.read_models_config(FLAGS.model_config_file) if FLAGS.model_config_file else None
+    # Every flag's range before anything else: a bad value costs a second, not a model load.
+    for flag, argument in _LIMIT_FLAGS.items():
+        value = FLAGS[flag].value
+        if value is not None and (error := limit_error(argument, value)) is not None:
+            raise _error(f"--{flag} {error}")
+    for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
+        if FLAGS[name].value < 0:
+            raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
+    models = served_models()
     batching = None
     if FLAGS.enable_batching:
         try:
@@ -86,23 +154,23 @@ def main(argv):
             raise app.UsageError(f"--batching_parameters_file: {e}")
     elif FLAGS.batching_parameters_file:
         logging.warning("--batching_parameters_file is ignored without --enable_batching")
-    for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
-        if FLAGS[name].value < 0:
-            raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
     metrics_path = None
     if FLAGS.monitoring_config_file:
         try:  # before the models load: a typo costs a second, not a load
             metrics_path = read_monitoring_config(FLAGS.monitoring_config_file)
         except ValueError as e:  # one line naming the file and the fault
             raise SystemExit(f"electra-serve: error: --monitoring_config_file: {e}") from None
+    check_base_paths(models)
+    try:  # before TensorFlow loads; ModelServer.start checks again, just before it binds
+        check_ports(FLAGS.host, FLAGS.rest_api_port, FLAGS.port)
+    except PortError as e:
+        raise _error(str(e)) from None
 
     import tensorflow as tf
 
-    from electra_tf.serving.server import ModelServer, PortError
+    from electra_tf.serving.server import ModelServer
 
     server = ModelServer(
-        FLAGS.model_base_path,
-        FLAGS.model_name,
         rest_port=FLAGS.rest_api_port,
         grpc_port=FLAGS.port,
         host=FLAGS.host,
@@ -130,8 +198,8 @@ def main(argv):
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
         server.start()
-    except PortError as e:  # a port another process holds: one line, not a traceback
-        raise SystemExit(f"electra-serve: error: {e}") from None
+    except PortError as e:  # a port taken since the check above: one line, not a traceback
+        raise _error(str(e)) from None
     try:
         host = f"[{server.host}]" if ":" in server.host else server.host
         logging.info("REST API at http://%s:%d/v1/models/{%s}", host, server.rest_port, ",".join(server.model_names))

@@ -183,16 +183,18 @@ def test_oversize_upload_that_does_not_end_is_cut_at_the_deadline(short_server):
         assert headers["connection"] == "close" and time.monotonic() - start < 5
 
 
-def test_connections_over_the_cap_get_503_and_others_are_served(model_base):
+def test_connections_over_the_cap_get_503_when_none_is_idle_and_others_are_served(model_base):
     with ModelServer(model_base, grpc_port=None, rest_max_connections=4) as server:
         held = [socket.create_connection(("127.0.0.1", server.rest_port), timeout=10) for _ in range(4)]
         try:
-            for sock in held:
-                sock.sendall(STATUS_REQUEST)
-                assert read_response(sock)[0] == 200
+            for sock in held:  # busy: a request begun and not finished (idle ones would be closed for a newcomer)
+                sock.sendall(STATUS_REQUEST[:20])
+            time.sleep(0.2)  # the server has read the beginnings
             with pytest.raises(urllib.error.HTTPError) as e:
                 urllib.request.urlopen(f"http://127.0.0.1:{server.rest_port}/v1/models/tiny", timeout=10)
-            assert e.value.code == 503 and "4 connections, its limit" in json.loads(e.value.read())["error"]
+            assert e.value.code == 503 and "4 connections, its limit, and none is idle" in json.loads(e.value.read())["error"]
+            held[0].sendall(STATUS_REQUEST[20:])  # the busy ones were left alone
+            assert read_response(held[0])[0] == 200
             held.pop().close()
             deadline = time.monotonic() + 10
             while True:  # the server notices the close within moments

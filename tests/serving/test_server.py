@@ -426,7 +426,7 @@ def test_server_follows_models_config_version_policy(model_templates, install_ve
     install_version(model_templates, base, 1)
     install_version(model_templates, base, 2)
     config_path = tmp_path / "models.config"
-    model_config.write_models_config(str(config_path), [model_config.ModelConfig("tiny", base, "specific", (1,))])
+    config_path.write_text(model_config.models_config_text([model_config.ModelConfig("tiny", base, "specific", (1,))]))
     with ModelServer(models=model_config.read_models_config(str(config_path)), grpc_port=None) as server:
         client = RestClient("127.0.0.1", server.rest_port, "tiny")
         assert client.metadata()["model_spec"]["version"] == "1"
