@@ -87,11 +87,12 @@ Example:
 
 from __future__ import annotations
 
-import glob
+import numbers
 import os
 import re
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any, Mapping
 
 import tensorflow as tf
@@ -100,6 +101,7 @@ import tensorflow_text as tf_text
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.preprocessor import TextPreprocessor
 from electra_tf import files, warmup
+from electra_tf.convert.common import locked_folder, output_folder_problem
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
@@ -351,11 +353,31 @@ def _with_truncated(family: str, fn, spec, pre: TextPreprocessor):
 # ---------------------------------------------------------------------------------------
 
 
+# TF Serving reads a version folder's name as an int64 (its model status answered 500 for
+# 99999999999999999999): a version is 1 ... 2**63 - 1, in ASCII digits.
+MAX_VERSION = 2**63 - 1
+_VERSION_FOLDER = re.compile(r"[0-9]+")
+
+
+def _version_of(folder_name: str) -> int | None:
+    """The version TF Serving reads in a folder name (ASCII digits, leading zeros allowed, in
+    1 ... int64), or None. serving/manager.py's `version_of` is the server's copy of this rule."""
+    digits = folder_name.lstrip("0")
+    if not _VERSION_FOLDER.fullmatch(folder_name) or not digits or len(digits) > 19:  # int() of 4300+ digits raises
+        return None
+    return int(digits) if int(digits) <= MAX_VERSION else None
+
+
 def next_version(model_base: str) -> int:
-    """1 + the highest numbered version folder in `model_base` (1 if none)."""
-    versions = [int(d) for d in (os.listdir(model_base) if os.path.isdir(model_base) else ())
-                if d.isdigit() and int(d) > 0]
-    return max(versions, default=0) + 1
+    """1 + the highest version folder in `model_base` (1 if none). Names a server does not read
+    as a version (not ASCII digits, 0, beyond int64) do not count."""
+    versions = [v for v in map(_version_of, os.listdir(model_base) if os.path.isdir(model_base) else ())
+                if v is not None]
+    latest = max(versions, default=0)
+    if latest == MAX_VERSION:
+        raise ValueError(f"{model_base} holds version {MAX_VERSION}, the largest TF Serving reads "
+                         "(int64): give a free version")
+    return latest + 1
 
 
 def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], vocab_file: str,
@@ -421,18 +443,52 @@ class ExportError(RuntimeError):
 
 
 def check_version(export_base: str, model_name: str, version: int | None) -> None:
-    """Raises before any work if `model_name` is not one folder name, `version` is not a positive
-    integer, or BASE/NAME/VERSION exists.
+    """Raises before any work if `model_name` is not one folder name, `version` is not an integer
+    from 1 to `MAX_VERSION`, BASE/NAME/VERSION exists, BASE/NAME is a link or a file, or BASE
+    cannot be written (a file there or above it, read-only).
 
     A name such as "../x", "/abs" or "a/b" would put the SavedModel outside `export_base`."""
     if not isinstance(model_name, str) or not _MODEL_NAME.fullmatch(model_name):
         raise ValueError(f"model_name {model_name!r} is not a folder name of letters, digits, '_', '.' and '-' "
                          "(no '/', not starting with '.'): the export goes to EXPORT_BASE/MODEL_NAME/VERSION")
-    if version is not None and (int(version) <= 0 or int(version) != version):
-        raise ValueError(f"version must be a positive integer, got {version!r}")
-    target = os.path.join(export_base, model_name, str(version))
-    if version is not None and os.path.exists(target):
+    if version is not None and (isinstance(version, bool) or not isinstance(version, numbers.Integral)
+                                or not 0 < int(version) <= MAX_VERSION):
+        raise ValueError(f"version must be an integer from 1 to {MAX_VERSION} (TF Serving reads version "
+                         f"folders as int64), got {version!r}")
+    problem = output_folder_problem(export_base)
+    if problem is not None:
+        raise ValueError(f"export_base {export_base}: {problem}")
+    model_base = os.path.join(export_base, model_name)
+    if os.path.islink(model_base) or (os.path.lexists(model_base) and not os.path.isdir(model_base)):
+        raise files.LinkedFolderError(f"{model_base} is a symbolic link or a file; electra_tf does not write "
+                                      "through links (remove it or give another --model_name)")
+    if version is None:
+        return
+    # TF Serving reads `00012` as version 12 too: any spelling of the version is taken.
+    taken = [n for n in (os.listdir(model_base) if os.path.isdir(model_base) else ())
+             if _version_of(n) == int(version)]
+    target = os.path.join(model_base, taken[0] if taken else str(version))
+    if taken or os.path.lexists(target):
         raise FileExistsError(f"{target} exists; versions are never overwritten")
+
+
+# What `write_version` names its staging folders: `.NAME-export-` and mkdtemp's 8 random
+# characters. A killed export leaves one behind; the next export into the same base removes
+# it (`remove_abandoned`: only when no live export holds it), whatever its NAME.
+_STAGING_INFIX = "-export-"
+_STAGING_FOLDER = re.compile(r"\.[A-Za-z0-9][A-Za-z0-9_.\-]*-export-[a-z0-9_]{8}")
+
+
+def abandoned_staging_candidates(export_base: str) -> list[str]:
+    """The staging folders of exports in `export_base` (live or killed; links and files are not
+    among them): nothing a user names so, and a server never reads them (BASE/NAME holds the
+    versions, and a hidden name is not a version)."""
+    try:
+        names = os.listdir(export_base)
+    except OSError:
+        return []
+    return [os.path.join(export_base, n) for n in names if _STAGING_FOLDER.fullmatch(n)
+            and os.path.isdir(os.path.join(export_base, n)) and not os.path.islink(os.path.join(export_base, n))]
 
 
 # A full disk (or file-size limit, or quota) as TensorFlow's file system reports it: an OpError
@@ -483,7 +539,8 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
     saved_model.pb); an existing version is never touched. If writing fails (a full disk, a
     file-size limit, a folder it may not write), the staging folder is removed, and so are
     BASE/NAME and BASE if this export created them, and the failure is an `ExportError` of one
-    line naming BASE/NAME.
+    line naming BASE/NAME. A killed export cannot clean up: its staging folder stays hidden in
+    BASE until the next export into BASE, of any NAME, removes it.
     """
     check_version(export_base, model_name, version)
     model_base = os.path.join(export_base, model_name)
@@ -491,10 +548,13 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
     staging = held = None
     try:
         created += _make_folders(export_base)
-        # What killed exports left (a live export holds its staging folder: `files.hold`).
-        files.remove_abandoned(glob.glob(os.path.join(glob.escape(export_base), f".{model_name}-export-*")))
-        staging = tempfile.mkdtemp(prefix=f".{model_name}-export-", dir=export_base)
-        held = files.hold(staging)
+        # What killed exports of any name left (a live export holds its staging folder:
+        # `files.hold`). Under a lock on BASE, so that no other export's sweep runs between our
+        # mkdtemp and our hold and takes our new folder for a dead one.
+        with locked_folder(export_base):
+            files.remove_abandoned(abandoned_staging_candidates(export_base))
+            staging = tempfile.mkdtemp(prefix=f".{model_name}{_STAGING_INFIX}", dir=export_base)
+            held = files.hold(staging)
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
         archive.write_out(staging, verbose=False)
         if method_names:
@@ -508,6 +568,7 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
             staging, _read_saved_model(staging).meta_graphs[0].signature_def, model_name,
             int(report.get("max_seq_length") or 128))
         created += _make_folders(model_base)
+        files.own_folder(model_base)  # a link planted at BASE/NAME since check_version: refused
         while True:
             target_version = version if version is not None else next_version(model_base)
             target = os.path.join(model_base, str(target_version))
@@ -605,13 +666,58 @@ def format_report(path: str, report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_finetuned_files(path) -> None:
+    """Refuses in one line naming the file and the field (a ValueError) the JSON files of a
+    fine-tuned model that `saving.find_finetuned` / `load_finetuned` would stop at with a
+    traceback: a results.json or head_config.json that is not UTF-8 JSON, not an object, or nested
+    past Python's reader; a `best_model` that is not a folder name; a head_config.json missing a
+    field that has no default; an encoder config (`head_config.config`) with a wrong field. Reads
+    only what the loader reads; a folder without head_config.json is left to the caller."""
+    import dataclasses
+
+    from electra_tf.config import ElectraConfig
+    from electra_tf.convert.common import read_json
+    from electra_tf.finetune.saving import HEAD_CONFIG
+
+    path = Path(path).expanduser()
+    folders = [path, path / "best"]
+    results = path / "results.json"
+    if not any((f / HEAD_CONFIG).exists() for f in folders) and results.is_file():
+        best = read_json(results).get("best_model")
+        if best is not None and not isinstance(best, str):
+            raise ValueError(f"{results}: field 'best_model' must be a folder name, got {best!r}")
+        folders.append(path / best if best else path)
+    head_config = next((f / HEAD_CONFIG for f in folders if (f / HEAD_CONFIG).is_file()), None)
+    if head_config is None:
+        return
+    values = read_json(head_config)
+    present = set(values) | ({"family"} if "kind" in values else set())  # "kind": version 1's name
+    missing = [f.name for f in dataclasses.fields(FinetunedModelConfig) if f.name not in present
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise ValueError(f"{head_config}: field(s) {', '.join(missing)} missing")
+    encoder = values.get("head_config", {}).get("config") if isinstance(values.get("head_config"), dict) else None
+    if isinstance(encoder, dict):
+        ElectraConfig.from_dict(encoder, source=f"{head_config}: field 'head_config.config'")
+
+
 def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
                      version: int | None = None, pair: bool | None = None, ids_only: bool = False,
                      verbose: bool = True) -> str:
     """Export what `trainer.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
-    from electra_tf.finetune.saving import load_finetuned
+    from electra_tf.config import ConfigError
+    from electra_tf.convert.common import ConversionError, one_line
+    from electra_tf.finetune.saving import HEAD_CONFIG, find_finetuned, load_finetuned
 
-    head, description, vocab_file = load_finetuned(model_dir_or_best)
+    check_finetuned_files(model_dir_or_best)
+    try:
+        head, description, vocab_file = load_finetuned(model_dir_or_best)
+    except (ValueError, AssertionError) as e:  # a head_config.json whose head the checkpoint does not fit
+        if isinstance(e, (ConfigError, ConversionError)):
+            raise
+        folder = find_finetuned(model_dir_or_best)
+        raise ValueError(f"{folder / HEAD_CONFIG} does not describe the checkpoint beside it "
+                         f"({one_line(e)})") from None
     return export_head(head, description, vocab_file, export_base, model_name, version=version, pair=pair,
                        ids_only=ids_only, verbose=verbose)

@@ -13,6 +13,14 @@ encoder as a keras-hub preset (backbone + tokenizer; the keras_hub extra; what d
 ELECTRA, the tanh GELU and the pooler, is in electra_tf/convert/keras_hub.py).
 Prints the mapping report (mapped, ignored, missing) of the import and of the export.
 See electra_tf/convert/ for the formats.
+
+--output must be a new or empty folder; one that holds anything is refused (nothing in it is
+touched) unless --overwrite is given. Either way the model is written to a hidden folder beside
+--output and renamed into place when complete, swapping out the old folder whole: no file of the
+old model stays beside the new ones, and a kill leaves the old folder or the new one (its hidden
+staging folder is removed by the next conversion to that place). --output is checked before the
+checkpoint is read: a symbolic link, a file, a path under a file or a read-only place is refused
+in one line, and so is the folder --input is in.
 """
 
 from absl import app, flags, logging
@@ -36,6 +44,8 @@ _NETWORK = flags.DEFINE_enum(
     "networks (the pretrainer) when the input has a generator, else the discriminator; the HF "
     "export of a pretrainer is a discriminator/ and a generator/ folder.")
 flags.DEFINE_alias("kind", "network")  # its old name, deprecated
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace an --output folder that is not empty "
+                                "(the new model is swapped in whole when complete).")
 _ALLOW_UNKNOWN = flags.DEFINE_bool("allow_unknown", False,
                                    "Skip checkpoint tensors nothing accounts for instead of failing.")
 
@@ -46,12 +56,16 @@ def main(argv):
     if flags.FLAGS["kind"].present:
         logging.warning("--kind is deprecated: use --network (same values)")
     try:
+        # Before anything is read or fetched, naming the flag (convert checks again).
+        pretrained.check_output(_OUTPUT.value, overwrite=_OVERWRITE.value, input_path=_INPUT.value)
         imported, exported = pretrained.convert(
             _INPUT.value, _OUTPUT.value, input_format=_INPUT_FORMAT.value,
             output_format=_OUTPUT_FORMAT.value, network=_NETWORK.value, config=_CONFIG.value,
-            allow_unknown=_ALLOW_UNKNOWN.value)
+            overwrite=_OVERWRITE.value, allow_unknown=_ALLOW_UNKNOWN.value)
     except (ConversionError, ConfigError) as e:  # a damaged file too: one line naming it
-        raise SystemExit(f"electra-convert: error: {e}")
+        # A load that does not fit lists each problem on a line of its own: one line here.
+        first, *rest = [line.strip() for line in str(e).splitlines() if line.strip()] or [repr(e)]
+        raise SystemExit(f"electra-convert: error: {first}" + (f" {'; '.join(rest)}" if rest else ""))
     print(f"== import ==\n{imported}\n\n== export ==\n{exported}")
 
 

@@ -15,7 +15,15 @@ The in-graph tokenizer lower-cases (and strips accents) only if the model was fi
 (`lower_case` in `best/head_config.json`). `--model_name` is one folder name (no '/'), so the
 export stays inside `--export_base`. If writing fails (a full disk, a file-size limit), the error
 is one line and nothing of the export is left behind: no staging folder, and no NAME/ folder
-unless it existed before.
+unless it existed before. An export killed (kill -9) leaves a hidden staging folder
+(`.NAME-export-XXXXXXXX`) in --export_base, which no server reads; the next export into the same
+--export_base removes every such folder no live export holds, whatever its NAME.
+
+Refused in one line before any model is loaded: a --version outside 1 ... 2**63-1 (TF Serving
+reads version folders as int64) or one that exists in EXPORT_BASE/MODEL_NAME (versions are never
+overwritten or replaced: export to another version, or to the next free one without --version),
+and an --export_base that is a file, under a file, or not writable.
+
 Signatures, the custom-op report and the TF Serving versions that can load the result:
 `electra_tf/export.py` and `serving/README.md`.
 """
@@ -33,9 +41,9 @@ _EXPORT_BASE = flags.DEFINE_string(
     "export_base", None, "Folder holding one sub-folder per model name.", required=True)
 _MODEL_NAME = flags.DEFINE_string("model_name", "electra", "Model name: the SavedModel goes to "
                                   "EXPORT_BASE/MODEL_NAME/VERSION.")
-_VERSION = flags.DEFINE_integer("version", None, "Version folder (a positive integer); default "
-                                "the next free one. An existing version is never overwritten.",
-                                lower_bound=1)
+_VERSION = flags.DEFINE_integer("version", None, "Version folder, 1 ... 2**63-1 (TF Serving reads it "
+                                "as int64); default the next free one. An existing version is never "
+                                "overwritten.", lower_bound=1, upper_bound=2**63 - 1)
 _TEXT_PAIR = flags.DEFINE_bool(
     "text_pair", None, "Sentence tasks: take a `text_pair` input too. Default: as the task was "
     "fine-tuned (predefined pair tasks such as mrpc, or a text_pair entry in head_config.json).")
@@ -53,12 +61,14 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     checkpoint = os.path.expanduser(_CHECKPOINT.value)
     export_base = os.path.expanduser(_EXPORT_BASE.value)
-    from electra_tf.export import ExportError, check_version  # TensorFlow: after the flags
+    _refuse_unusable_output(export_base)  # before TensorFlow loads
+    from electra_tf.export import ExportError, check_finetuned_files, check_version  # TensorFlow
 
     try:
         from electra_tf.finetune.saving import find_finetuned
 
         check_version(export_base, _MODEL_NAME.value, _VERSION.value)  # before a model is loaded
+        check_finetuned_files(checkpoint)
 
         try:
             find_finetuned(checkpoint)
@@ -74,6 +84,21 @@ def main(argv):
                          pair=_TEXT_PAIR.value, ids_only=_IDS_ONLY.value)
     except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")
+
+
+def _refuse_unusable_output(export_base: str) -> None:
+    """Exits with one line naming the flag when --export_base cannot be written or --version
+    exists; `export.check_version` checks the same again (and --model_name) for library callers."""
+    from electra_tf.convert.common import output_folder_problem  # no TensorFlow
+
+    problem = output_folder_problem(export_base)
+    if problem is not None:
+        sys.exit(f"electra-export: error: --export_base {export_base}: {problem}")
+    if _VERSION.value is not None:
+        target = os.path.join(export_base, _MODEL_NAME.value, str(_VERSION.value))
+        if os.path.lexists(target):
+            sys.exit(f"electra-export: error: --version={_VERSION.value}: {target} exists; versions are never "
+                     "overwritten (give another --version, or none for the next free one)")
 
 
 def _export_electric(checkpoint: str, export_base: str, not_finetuned: Exception) -> None:

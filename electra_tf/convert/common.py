@@ -22,12 +22,14 @@ import contextlib
 import dataclasses
 import glob
 import json
+import os
 import re
 from pathlib import Path
 from typing import Callable, NamedTuple
 
 import numpy as np
 
+from electra_tf import files
 from electra_tf.config import SPECIAL_ID_FIELDS
 
 
@@ -328,9 +330,10 @@ def assign(slots: list[Slot], arrays: dict[str, np.ndarray], *,
 
 
 # --- vocabulary --------------------------------------------------------------------------------
-def vocab_overrides(vocab_file, vocab_size: int) -> dict:
+def vocab_overrides(vocab_file, vocab_size: int, where: str = "the checkpoint's word_embeddings") -> dict:
     """The config's special-token ids from `vocab_file`; raises ConversionError if it is not a
-    vocabulary (`tokenizer.load_vocab`) or its size differs from the checkpoint's."""
+    vocabulary (`tokenizer.load_vocab`) or its size differs from `vocab_size`, the size `where`
+    gives."""
     if vocab_file is None:
         return {}
     from electra_tf.data.tokenizer import VocabError, load_vocab, special_token_ids  # TensorFlow
@@ -341,7 +344,7 @@ def vocab_overrides(vocab_file, vocab_size: int) -> dict:
         raise ConversionError(str(e)) from None
     if len(tokens) != vocab_size:
         raise ConversionError(f"vocabulary size mismatch: {vocab_file} has {len(tokens)} tokens but "
-                              f"the checkpoint's word_embeddings have {vocab_size} rows")
+                              f"{where} is {vocab_size}")
     ids = special_token_ids(tokens)
     return {name: ids[name] for name in SPECIAL_ID_FIELDS}
 
@@ -353,7 +356,7 @@ def check_vocab_size(config, vocab_size: int, where: str) -> None:
 
 
 # --- damaged files -------------------------------------------------------------------------------
-def _one_line(reason) -> str:
+def one_line(reason) -> str:
     """The first line of a reader's message (or exception), at most 200 characters."""
     if isinstance(reason, BaseException):
         reason = getattr(reason, "message", None) or str(reason) or type(reason).__name__
@@ -368,7 +371,7 @@ def damaged(path, reason) -> ConversionError:
 
     `reason`: text, or the reader's exception; only its first line is kept (one-line errors).
     """
-    return ConversionError(f"{path} is truncated or corrupt ({_one_line(reason)}); "
+    return ConversionError(f"{path} is truncated or corrupt ({one_line(reason)}); "
                            "re-download or re-write it")
 
 
@@ -380,6 +383,8 @@ def read_json(path) -> dict:
         raise damaged(path, f"line {e.lineno}: not valid JSON: {e.msg}") from None
     except UnicodeDecodeError as e:
         raise damaged(path, f"not UTF-8 text: {e.reason} at byte {e.start}") from None
+    except RecursionError:  # Python's reader recurses per level: '[' * 100000 overflows it
+        raise damaged(path, "JSON nested deeper than a config or checkpoint file is") from None
     if not isinstance(value, dict):
         raise damaged(path, f"expected a JSON object, got {type(value).__name__}")
     return value
@@ -414,8 +419,79 @@ def reading_tf_tensors(prefix: str):
         shards = sorted(glob.glob(glob.escape(prefix) + ".data-*-of-*"))
         if not shards or getattr(e, "error_code", None) == tf.errors.NOT_FOUND:
             raise ConversionError(f"{prefix}: a data file of the checkpoint is missing "
-                                  f"({_one_line(e)})") from None
+                                  f"({one_line(e)})") from None
         where = shards[0] if len(shards) == 1 else f"{prefix}.data-* ({len(shards)} files)"
         # TensorFlow's IndexError ("Read less bytes than requested") is a cut file.
         reason = "shorter than its .index says" if isinstance(e, IndexError) else e
         raise damaged(where, reason) from None
+
+
+# --- output folders ------------------------------------------------------------------------------
+def output_folder_problem(path, *, built_beside: bool = False) -> str | None:
+    """Why a command could not write its output folder `path`, or None: a file is at `path` or
+    where one of its parent folders belongs, or the folder the writing happens in is read-only or
+    not writable. That folder is `path` (or, when missing, its nearest existing parent, under
+    which the command makes it), or `path`'s parent when the output is `built_beside` it and
+    renamed into place (`files.staged_folder`). Cheap and without side effects, so a command asks
+    before it loads anything. Remote paths: None (no local check means anything there)."""
+    if files.is_remote(path):
+        return None
+    path = os.path.abspath(str(path))
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"{path} exists and is not a folder"
+    probe = os.path.dirname(path) if built_beside else path
+    while not os.path.lexists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is a file, not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        try:
+            read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+        except OSError:
+            read_only = False
+        return f"cannot write in {probe} ({'read-only file system' if read_only else 'permission denied'})"
+    return None
+
+
+@contextlib.contextmanager
+def locked_folder(folder):
+    """An exclusive advisory lock on the folder itself (flock on its descriptor; nothing is
+    written into it), for a few steps that must not interleave with another process's: the
+    sweep of abandoned staging folders and the making and holding (`files.hold`) of a new one."""
+    import fcntl
+
+    fd = os.open(str(folder), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the lock
+
+
+# `files.staged_folder`'s private names: `.NAME.staging-` and mkdtemp's 8 random characters.
+def _staging_names(final) -> re.Pattern:
+    return re.compile(re.escape(f".{os.path.basename(final)}.staging-") + r"[a-z0-9_]{8}")
+
+
+@contextlib.contextmanager
+def staged_output(final):
+    """`files.staged_folder(final)`: yields an empty private folder beside `final`, published at
+    `final` whole when the block ends (an existing folder swapped out in one step), deleted on an
+    error. Besides: the staging folders of killed runs beside `final` are removed first, and this
+    one is held (`files.hold`) until it is published, so that another run's sweep leaves it be."""
+    if files.is_remote(final):
+        with files.staged_folder(final) as staging:
+            yield staging
+        return
+    final = os.path.abspath(str(final))
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    pattern = _staging_names(final)
+    with contextlib.ExitStack() as stack:
+        held = []
+        stack.callback(lambda: [os.close(fd) for fd in held])  # runs last: after the publish
+        with locked_folder(parent):
+            files.remove_abandoned([os.path.join(parent, n) for n in os.listdir(parent) if pattern.fullmatch(n)])
+            staging = stack.enter_context(files.staged_folder(final))
+            held.append(files.hold(staging))
+        yield staging

@@ -73,14 +73,63 @@ def _from_hf(slot: Slot, array: np.ndarray) -> np.ndarray:
 
 
 # --- config --------------------------------------------------------------------------------------
+# config.json fields we read -> their kind; a value of another JSON type is refused naming the
+# field (transformers would fail later, deep in the model's constructor).
+_HF_INTEGERS = ("vocab_size", "embedding_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size", "pad_token_id")
+_HF_NUMBERS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "initializer_range", "layer_norm_eps")
+_HF_STRINGS = ("model_type", "hidden_act", "position_embedding_type")
+
+
 def read_hf_config(folder) -> dict:
+    """config.json of a Hugging Face folder, each field we read checked to be of its JSON type."""
     path = Path(folder) / "config.json"
     if not path.exists():
         raise ConversionError(f"no Hugging Face config.json in {folder}")
     hf = read_json(path)
+    for key, value in hf.items():
+        if value is None and key == "pad_token_id":
+            continue
+        if key in _HF_INTEGERS and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConversionError(f"{path}: field {key!r} must be an integer, got {value!r}")
+        if key in _HF_NUMBERS and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConversionError(f"{path}: field {key!r} must be a number, got {value!r}")
+        if key in _HF_STRINGS and not isinstance(value, str):
+            raise ConversionError(f"{path}: field {key!r} must be a string, got {value!r}")
+    architectures = hf.get("architectures", [])
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ConversionError(f"{path}: field 'architectures' must be a list of class names, got {architectures!r}")
     if hf.get("model_type", "electra") != "electra":
         raise ConversionError(f"{path}: model_type is {hf.get('model_type')!r}, not 'electra'")
     return hf
+
+
+def check_sizes(hf: dict, state: dict, source) -> None:
+    """Raises a one-line ConversionError naming `source` (the config.json) and the field whose
+    size (given, or Hugging Face's default when absent) the weights in `state` contradict:
+    without it, a config.json missing its sizes gives ELECTRA-Small's and a list of every tensor."""
+    d = ElectraConfig()
+    p = _prefix(state)
+    layers = {int(m.group(1)) for k in state if (m := re.match(re.escape(p) + r"encoder\.layer\.(\d+)\.", k))}
+    checks = (  # field, its default, tensor, dimension (torch Linear weights are [out, in])
+        ("vocab_size", 30522, f"{p}embeddings.word_embeddings.weight", 0),
+        ("embedding_size", 128, f"{p}embeddings.word_embeddings.weight", 1),
+        ("max_position_embeddings", d.max_position_embeddings, f"{p}embeddings.position_embeddings.weight", 0),
+        ("type_vocab_size", d.type_vocab_size, f"{p}embeddings.token_type_embeddings.weight", 0),
+        ("hidden_size", d.hidden_size, f"{p}encoder.layer.0.attention.self.query.weight", 0),
+        ("intermediate_size", d.intermediate_size, f"{p}encoder.layer.0.intermediate.dense.weight", 0),
+    )
+    found = [(f, default, name, int(np.shape(state[name])[dim])) for f, default, name, dim in checks
+             if name in state and len(np.shape(state[name])) > dim]
+    if layers:
+        found.append(("num_hidden_layers", d.num_layers, f"{p}encoder.layer.N.*", max(layers) + 1))
+    for field, default, name, actual in found:
+        value = hf.get(field, default)
+        if value != actual:
+            given = "" if field in hf else " (absent: Hugging Face's default)"
+            kind = "vocabulary size mismatch: " if field == "vocab_size" else ""
+            raise ConversionError(f"{kind}{source}: {field} is {value}{given} but the weights have {actual} "
+                                  f"({name}); fix config.json or give --config")
 
 
 def is_generator_folder(folder) -> bool:
@@ -92,17 +141,18 @@ def is_generator_folder(folder) -> bool:
     return "ElectraForMaskedLM" in read_hf_config(folder).get("architectures", [])
 
 
-def config_from_hf(hf: dict, vocab_file=None, base: ElectraConfig | None = None) -> ElectraConfig:
-    """Our `ElectraConfig` for the network a Hugging Face `config.json` describes.
+def config_from_hf(hf: dict, vocab_file=None, base: ElectraConfig | None = None,
+                   source: str = "config.json") -> ElectraConfig:
+    """Our `ElectraConfig` for the network a Hugging Face `config.json` (at `source`) describes.
 
     Missing keys take Hugging Face's `ElectraConfig` defaults (which are ELECTRA-Small's).
     """
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise ConversionError(f"config.json: position_embedding_type "
+        raise ConversionError(f"{source}: position_embedding_type "
                               f"{hf['position_embedding_type']!r} is not supported (only 'absolute')")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACT_FROM_HF:
-        raise ConversionError(f"config.json: hidden_act {act!r} is not supported "
+        raise ConversionError(f"{source}: hidden_act {act!r} is not supported "
                               f"(one of {sorted(_ACT_FROM_HF)})")
     d = ElectraConfig()
     values = {
@@ -122,9 +172,9 @@ def config_from_hf(hf: dict, vocab_file=None, base: ElectraConfig | None = None)
     }
     if hf.get("pad_token_id") is not None:
         values["pad_token_id"] = hf["pad_token_id"]
-    values.update(vocab_overrides(vocab_file, values["vocab_size"]))
+    values.update(vocab_overrides(vocab_file, values["vocab_size"], where=f"{source}'s vocab_size"))
     base = base or d
-    return ElectraConfig.from_dict({**base.to_dict(), **values}, source="config.json")
+    return ElectraConfig.from_dict({**base.to_dict(), **values}, source=source)
 
 
 def config_to_hf(config: ElectraConfig, architecture: str) -> dict:
@@ -236,6 +286,8 @@ def load_hf(model, state: dict, *, allow_unknown: bool = False, allow_missing: b
             return "replaced-token-detection head (the model has none)"
         return None
 
+    if not state:
+        raise ConversionError(f"{source}: the weights file holds no tensors")
     shapes = {k: tuple(np.shape(v)) for k, v in state.items()}
     report = plan_load(slots, shapes, name_of=name_of, shape_of=_hf_shape, classify=classify,
                        allow_missing=allow_missing, allow_unknown=allow_unknown, source=source,
@@ -285,7 +337,9 @@ def load_hf_model(path, network: str = "discriminator", config=None, **load_kwar
     prefix = _prefix(state)
     word = f"{prefix}embeddings.word_embeddings.weight"
     if config is None:
-        config = config_from_hf(read_hf_config(folder), vocab_file)
+        hf_config = read_hf_config(folder)
+        check_sizes(hf_config, state, folder / "config.json")
+        config = config_from_hf(hf_config, vocab_file, source=str(folder / "config.json"))
         if network == "generator":
             config = config.replace(generator_hidden_size=1.0, generator_layers=1.0)
     elif network == "generator":
@@ -311,8 +365,11 @@ def _load_hf_pretrainer(folder: Path, config, **load_kwargs):
     disc_state, gen_state = load_state_dict(disc_dir), load_state_dict(gen_dir)
     vocab_file = _vocab_in(disc_dir) or _vocab_in(folder)
     if config is None:
-        config = config_from_hf(read_hf_config(disc_dir), vocab_file)
-        gen_hf = config_from_hf(read_hf_config(gen_dir))
+        disc_hf, gen_hf = read_hf_config(disc_dir), read_hf_config(gen_dir)
+        check_sizes(disc_hf, disc_state, disc_dir / "config.json")
+        check_sizes(gen_hf, gen_state, gen_dir / "config.json")
+        config = config_from_hf(disc_hf, vocab_file, source=str(disc_dir / "config.json"))
+        gen_hf = config_from_hf(gen_hf, source=str(gen_dir / "config.json"))
         embeddings = [k for k in disc_state if k.startswith("electra.embeddings.")
                       and not k.endswith("position_ids")]
         shared = all(k in gen_state and np.array_equal(disc_state[k], gen_state[k])

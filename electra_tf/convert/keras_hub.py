@@ -103,9 +103,17 @@ def backbone_kwargs(config: ElectraConfig) -> dict:
 
 
 def config_from_keras_hub(kwargs: dict, vocab_file=None, base: ElectraConfig | None = None,
-                          hidden_act: str = "gelu") -> ElectraConfig:
-    """Our `ElectraConfig` for `ElectraBackbone(**kwargs)`; other fields from `base` (default
-    ELECTRA-Small's), special ids from `vocab_file`."""
+                          hidden_act: str = "gelu", source: str = "keras-hub config.json") -> ElectraConfig:
+    """Our `ElectraConfig` for `ElectraBackbone(**kwargs)` (the "config" of the preset's
+    config.json at `source`); other fields from `base` (default ELECTRA-Small's), special ids
+    from `vocab_file`."""
+    if not isinstance(kwargs, dict):
+        raise ConversionError(f"{source}: field 'config' must be a JSON object, got {type(kwargs).__name__}")
+    for key in ("vocab_size", "num_layers", "num_heads", "hidden_dim", "embedding_dim", "intermediate_dim"):
+        if key not in kwargs:
+            raise ConversionError(f"{source}: field 'config.{key}' is missing")
+        if isinstance(kwargs[key], bool) or not isinstance(kwargs[key], int):
+            raise ConversionError(f"{source}: field 'config.{key}' must be an integer, got {kwargs[key]!r}")
     values = {"vocab_size": kwargs["vocab_size"], "num_layers": kwargs["num_layers"],
               "num_heads": kwargs["num_heads"], "hidden_size": kwargs["hidden_dim"],
               "embedding_size": kwargs["embedding_dim"],
@@ -116,8 +124,7 @@ def config_from_keras_hub(kwargs: dict, vocab_file=None, base: ElectraConfig | N
               "type_vocab_size": kwargs.get("num_segments", 2),
               "layer_norm_epsilon": KERAS_HUB_EPSILON, "hidden_act": hidden_act}
     values.update(vocab_overrides(vocab_file, values["vocab_size"]))
-    return ElectraConfig.from_dict({**(base or ElectraConfig()).to_dict(), **values},
-                                   source="keras-hub config.json")
+    return ElectraConfig.from_dict({**(base or ElectraConfig()).to_dict(), **values}, source=source)
 
 
 def is_keras_hub_preset(path) -> bool:
@@ -127,7 +134,7 @@ def is_keras_hub_preset(path) -> bool:
         return False
     try:
         saved = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not a preset (read_json names what is wrong)
         return False
     return isinstance(saved, dict) and saved.get("class_name") == BACKBONE_CLASS and (
         str(saved.get("registered_name", "")).startswith("keras_hub>"))
@@ -330,9 +337,10 @@ def read_preset_config(preset, hidden_act: str | None = None):
     vocab_path = str(vocab) if vocab.is_file() else None
     lower_case = None
     if (folder / "tokenizer.json").is_file():
-        lower_case = bool(read_json(folder / "tokenizer.json").get("config", {}).get("lowercase"))
+        tokenizer = read_json(folder / "tokenizer.json").get("config", {})
+        lower_case = bool(tokenizer.get("lowercase")) if isinstance(tokenizer, dict) else None
     derived = config_from_keras_hub(saved.get("config", {}), vocab_path,
-                                    hidden_act=hidden_act or "gelu")
+                                    hidden_act=hidden_act or "gelu", source=str(folder / "config.json"))
     if (folder / MARKER).is_file():
         recorded = ElectraConfig.from_dict(read_json(folder / MARKER).get("config", {}),
                                            source=str(folder / MARKER))

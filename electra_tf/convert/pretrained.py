@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from electra_tf.convert import hf, keras_hub, tf1
 from electra_tf.convert.names import resolve_checkpoint, with_revision
 from electra_tf.convert.common import (
     ConversionError, ConversionReport, Pretrained, check_vocab_size, damaged, network_of,
-    open_tf_checkpoint, part_of, read_json, reading_tf_tensors)
+    one_line, open_tf_checkpoint, output_folder_problem, part_of, read_json, reading_tf_tensors, staged_output)
 
 FORMATS = ("tf1", "hf", "electra_tf", "keras_hub")
 # What to load, convert or save: one network, or "pretrainer", both with their heads.
@@ -85,6 +86,31 @@ def saved_network(folder) -> str | None:
     return marker.get("network", marker.get("kind"))
 
 
+def read_config(config) -> ElectraConfig | None:
+    """`config` (an `ElectraConfig`, a path to its JSON, a name in configs/, or None) as an
+    `ElectraConfig`. A file is read with `read_json`, so damage (not JSON, not an object, nested
+    past Python's reader) is one line naming it; a wrong field is named by `ElectraConfig`."""
+    if config is None or isinstance(config, ElectraConfig):
+        return config
+    if Path(config).is_file():
+        return ElectraConfig.from_dict(read_json(config), source=str(config))
+    return ElectraConfig.from_json(config)
+
+
+def _config_mismatch(config_path: Path, error: Exception) -> str:
+    """One line for a checkpoint whose tensors have other shapes than `config_path` gives: the
+    tensor, and the size fields config.json lacks (their defaults, ELECTRA-Small's, were used)."""
+    message = f"{config_path} does not describe the checkpoint beside it ({one_line(error)})"
+    try:
+        present = set(read_json(config_path))
+    except (ConversionError, OSError):
+        return message
+    sizes = ("vocab_size", "embedding_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size", "generator_hidden_size", "generator_layers")
+    missing = [f for f in sizes if f not in present]
+    return message + (f"; field(s) missing from it: {', '.join(missing)}" if missing else "")
+
+
 def _load_electra_tf(folder: Path, network: str, config=None) -> Pretrained:
     import tensorflow as tf
 
@@ -94,10 +120,18 @@ def _load_electra_tf(folder: Path, network: str, config=None) -> Pretrained:
     saved = saved_network(folder)
     if saved not in NETWORKS:
         raise damaged(folder / MARKER, f"field 'network': expected one of {NETWORKS}, got {saved!r}")
-    saved_config = ElectraConfig.from_json(folder / marker.get("config", "config.json"))
-    if config is not None:
-        config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
-        check_vocab_size(config, saved_config.vocab_size, f"{folder / 'config.json'}")
+    for field, default in (("config", "config.json"), ("checkpoint", CHECKPOINT_NAME)):
+        name = marker.get(field, default)  # a file of the folder, by its name
+        if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name:
+            raise damaged(folder / MARKER, f"field {field!r}: expected a file name in the folder, got {name!r}")
+    config_path = folder / marker.get("config", "config.json")
+    if not config_path.is_file():
+        raise ConversionError(f"{config_path}: missing (the model's config, named in {MARKER})")
+    saved_config = read_config(config_path)
+    given_config = config is not None
+    if given_config:
+        config = read_config(config)
+        check_vocab_size(config, saved_config.vocab_size, str(config_path))
     else:
         config = saved_config
     if saved != "pretrainer" and network != saved:
@@ -117,8 +151,15 @@ def _load_electra_tf(folder: Path, network: str, config=None) -> Pretrained:
         objects = {"generator": model}
     prefix = str(folder / marker.get("checkpoint", CHECKPOINT_NAME))
     variables = open_tf_checkpoint(prefix).get_variable_to_shape_map()
-    with reading_tf_tensors(prefix):
-        status = tf.train.Checkpoint(**objects).read(prefix)
+    try:
+        with reading_tf_tensors(prefix):
+            status = tf.train.Checkpoint(**objects).read(prefix)
+    except ValueError as e:  # a tensor of another shape: the sizes in config.json are not the checkpoint's
+        if isinstance(e, ConversionError):
+            raise
+        if given_config:
+            raise ConversionError(f"{prefix} does not fit the config given ({one_line(e)})") from None
+        raise ConversionError(_config_mismatch(config_path, e)) from None
     try:
         status.assert_existing_objects_matched()
     except AssertionError as e:
@@ -147,7 +188,7 @@ def _load_run_folder(folder: Path, network: str, config=None, step: int | None =
     except KeyError:
         raise damaged(record_path, "no 'model_config'") from None
     if config is not None:
-        config = config if isinstance(config, ElectraConfig) else ElectraConfig.from_json(config)
+        config = read_config(config)
         check_vocab_size(config, saved_config.vocab_size, str(record_path))
     model = ElectraPretrainer(config or saved_config)
     if step is not None:
@@ -227,6 +268,7 @@ def load_pretrained(path, network: str = "discriminator", config=None, *, input_
     network = _deprecated_kind(network, kind)
     if network not in NETWORKS:
         raise ValueError(f"network must be one of {NETWORKS}, got {network!r}")
+    config = read_config(config)  # before a name is fetched or a tensor read
     path = resolve_checkpoint(with_revision(path, revision))  # a name -> its local folder
     fmt = detect_format(path) if input_format == "auto" else input_format
     if fmt == "tf1":
@@ -343,15 +385,51 @@ def holds_generator(path, input_format: str = "auto") -> bool:
     return False
 
 
+def check_output(output, *, overwrite: bool = False, input_path=None, flag: str = "--output") -> None:
+    """Raises a one-line ConversionError naming `flag` if `output` cannot take a conversion: it is
+    a symbolic link (never written through), a file, under a file, in a folder that cannot be
+    written (the output is built beside it and renamed in), a folder that is not empty (unless
+    `overwrite`), or the folder `input_path` is in. Cheap: call it before loading anything."""
+    if files.is_remote(output):
+        return
+    overwrite_flag = "--overwrite" if flag.startswith("--") else "overwrite=True"
+    if os.path.islink(output):
+        raise ConversionError(f"{flag} {output} is a symbolic link; electra_tf does not write through links "
+                              "(give the folder itself or another one)")
+    problem = output_folder_problem(output, built_beside=True)
+    if problem is not None:
+        raise ConversionError(f"{flag} {output}: {problem}")
+    if input_path is not None and not files.is_remote(input_path):
+        read = Path(input_path)
+        if not read.exists() and Path(f"{input_path}.index").exists():
+            read = read.parent  # a TF1 prefix: its files are in its folder
+        if read.exists():
+            read, written = os.path.realpath(read), os.path.realpath(output)
+            if read == written or read.startswith(written.rstrip(os.sep) + os.sep):
+                raise ConversionError(f"{flag} {output} holds the input {input_path}; write the conversion "
+                                      "to another folder")
+    if os.path.isdir(output) and os.listdir(output) and not overwrite:
+        raise ConversionError(f"{flag} {output} exists and is not empty; pass {overwrite_flag} to replace "
+                              "it (the new model is built beside it and swapped in whole)")
+
+
 def convert(input_path, output_path, *, input_format: str = "auto",
             output_format: str = "electra_tf", network: str = "auto", config=None,
-            **load_kwargs) -> tuple[ConversionReport, ConversionReport]:
+            overwrite: bool = False, **load_kwargs) -> tuple[ConversionReport, ConversionReport]:
     """Reads a checkpoint in one format and writes it in another. Returns (import, export) reports.
 
     network "auto" converts everything the input holds: the pretrainer (generator and
     discriminator) when it has a generator, the generator of a Hugging Face generator folder,
     else the discriminator.
+
+    `output_path` is checked first (`check_output`): a folder that is not empty is refused
+    unless `overwrite`. The model is written to a private folder beside it and renamed into place
+    when complete (`common.staged_output`), swapping out the old folder whole with `overwrite`:
+    no file of the old model stays beside the new ones, and a kill leaves the old folder or the
+    new one (plus a hidden staging folder, removed by the next conversion to that place).
     """
+    check_output(output_path, overwrite=overwrite, input_path=input_path, flag="output")
+    config = read_config(config)
     if network == "auto":
         input_path = resolve_checkpoint(input_path)
         fmt = detect_format(input_path) if input_format == "auto" else input_format
@@ -360,6 +438,13 @@ def convert(input_path, output_path, *, input_format: str = "auto",
         else:
             network = "pretrainer" if holds_generator(input_path, fmt) else "discriminator"
     loaded = load_pretrained(input_path, network, config, input_format=input_format, **load_kwargs)
-    export_report = save(loaded.model, output_path, output_format, vocab_file=loaded.vocab_path,
-                         config=loaded.config)
+    with staged_output(output_path) as staging:
+        export_report = save(loaded.model, staging, output_format, vocab_file=loaded.vocab_path,
+                             config=loaded.config)
+        if not overwrite and os.path.isdir(output_path) and os.listdir(output_path):
+            # Filled by someone else while this conversion ran: theirs is kept.
+            raise ConversionError(f"output {output_path} was filled while converting; nothing was replaced "
+                                  "(pass overwrite to replace it)")
+    if not files.is_remote(output_path):
+        export_report.target = export_report.target.replace(str(staging), str(output_path))
     return loaded.report, export_report
