@@ -92,17 +92,29 @@ class JsonConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise error(f"{source}: unknown field(s) {unknown}; known fields: {sorted(known)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in values
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        if missing:
+            raise error(f"{source}: missing required field(s) {missing}")
         try:
             return cls(**values)
         except error as e:
+            raise error(f"{source}: {e}") from None
+        except (TypeError, ValueError, OverflowError) as e:  # a value of the wrong type met arithmetic
             raise error(f"{source}: {e}") from None
 
     @classmethod
     def from_json(cls, path: str | os.PathLike):
         try:
-            values = json.loads(Path(path).read_text())
+            values = json.loads(Path(path).read_text(encoding="utf-8"))
         except json.JSONDecodeError as e:
             raise cls.error_type(f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+        except RecursionError:
+            raise cls.error_type(f"{path}: JSON nested too deeply") from None
+        except UnicodeDecodeError as e:
+            raise cls.error_type(f"{path}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})") from None
+        except ValueError as e:  # e.g. an integer of more digits than Python converts
+            raise cls.error_type(f"{path}: not valid JSON: {e}") from None
         except OSError as e:
             raise cls.error_type(f"{path}: cannot read config: {e.strerror}") from None
         return cls.from_dict(values, source=str(path))
