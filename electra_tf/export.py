@@ -10,8 +10,10 @@ sees half a model (TF Serving's serving_config.md: new version folders are picke
 a failed write (a full disk) leaves nothing behind and raises a one-line `ExportError`
 (`write_version`). `model_name` must be one folder name, so the export stays in `export_base`.
 
-Signatures (every input and output has the batch first). The text signature is the task
-family's (`finetune/families/`, `TaskFamily.serving_signature`); this module writes it:
+Signatures (every input and output has the batch first). Each task family owns its signatures
+(`finetune/families/`: `TaskFamily.serving_signature` the text one, `truncated` its `truncated`
+output, `example_signatures` its Classify / Regress ones); this module never asks which family it
+writes, and writes them:
 
 - `serving_default`: raw UTF-8 text in, tokenized and packed in-graph by the same
   `data.preprocessor.TextPreprocessor` that made the fine-tuning features (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
@@ -105,7 +107,7 @@ from electra_tf.convert.common import locked_folder, output_folder_problem
 from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
-from electra_tf.finetune.families.base import label_names
+from electra_tf.finetune.families.base import TaskFamily
 from electra_tf.finetune.tasks import takes_pairs
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
@@ -249,43 +251,33 @@ def _signatures(head, description: FinetunedModelConfig, pre: TextPreprocessor) 
         return dict(head(inputs, training=False))
 
     text_fn, text_spec = family.serving_signature(head, description, pre)
-    signatures = {"serving_default": _with_truncated(description.family, text_fn, text_spec, pre)}
-    signatures.update(_example_signature(head, description, text_fn, text_spec))
+    signatures = {"serving_default": _with_truncated(family, text_fn, text_spec, pre)}
+    signatures.update(_example_signature(family, head, description, text_fn, text_spec))
     signatures[SERVE_IDS] = (serve_ids, ids_spec)
     return signatures
 
 
-def _example_signature(head, description: FinetunedModelConfig, text_fn, text_spec) -> dict:
-    """TF Serving's Classify / Regress signature of a sentence classification / regression
-    export, {name: (function, input specs)}; {} for the other families.
+def _example_signature(family, head, description: FinetunedModelConfig, text_fn, text_spec) -> dict:
+    """TF Serving's Classify / Regress signatures of the family (`TaskFamily.example_signatures`:
+    classification and regression), {name: (function, input specs)}; {} for the other families.
 
     One input, `inputs`: a string [B] of serialized `tf.Example`s holding the text signature's
     inputs (`text`, and `text_pair` for a pair task) as bytes features, parsed in the graph and
-    run through `text_fn`, the text signature's own function. A feature that is missing or not
-    one bytes value fails the parse with InvalidArgument naming it ("Feature: text ... is
-    required but could not be found", "Key: text ... Data types don't match").
-    Outputs as TF Serving's Classify and Regress read them (apis/classifier.h, regressor.h):
-    classify `classes` string [B, C] (the label names, the same in every row) and `scores`
-    float32 [B, C] (the text signature's `probabilities`); regress `outputs` float32 [B]."""
+    run through `text_fn`, the text signature's own function; the family maps its outputs to the
+    API's. A feature that is missing or not one bytes value fails the parse with InvalidArgument
+    naming it ("Feature: text ... is required but could not be found", "Key: text ... Data types
+    don't match")."""
     features = {spec.name: tf.io.FixedLenFeature([], tf.string) for spec in text_spec}
     example_spec = [tf.TensorSpec([None], tf.string, name="inputs")]
 
-    def answer(inputs):
-        parsed = tf.io.parse_example(inputs, features)
-        return text_fn(*(parsed[spec.name] for spec in text_spec))
+    def signature(api_outputs):
+        def from_examples(inputs):
+            parsed = tf.io.parse_example(inputs, features)
+            return api_outputs(text_fn(*(parsed[spec.name] for spec in text_spec)))
+        return from_examples
 
-    if description.family == "classification":
-        names = tf.constant(label_names(description, head))  # [C]
-
-        def classify(inputs):
-            scores = answer(inputs)["probabilities"]  # [B, C]
-            return {"classes": tf.broadcast_to(names, tf.shape(scores)), "scores": scores}
-        return {CLASSIFY: (classify, example_spec)}
-    if description.family == "regression":
-        def regress(inputs):
-            return {"outputs": answer(inputs)["score"]}
-        return {REGRESS: (regress, example_spec)}
-    return {}
+    return {name: (signature(api_outputs), example_spec)
+            for name, api_outputs in family.example_signatures(head, description).items()}
 
 
 def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
@@ -316,35 +308,23 @@ def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
     ]
 
 
-def _with_truncated(family: str, fn, spec, pre: TextPreprocessor):
-    """(fn, spec) of a text signature, with a `truncated` bool [B] output where the family has a
-    simple one: classification and regression (the text, or the pair, had more pieces than fit
-    max_seq_length and was cut, as the Electric `score` signature reports it) and tagging (words
-    past max_seq_length got no label). QA and multiple choice are returned as they are.
-
-    The pieces are counted by tokenizing the text a second time, as `scoring.score_endpoint`
-    does; the ops are the same as the packing's, on the same input. It costs nothing measurable:
-    8 sentences were packed in 0.4 ms with or without the count, and ELECTRA-Small answered
-    them in 52 ms."""
+def _with_truncated(family, fn, spec, pre: TextPreprocessor):
+    """(fn, spec) of a text signature, with the family's `truncated` bool [B] output added where it
+    has one (`TaskFamily.truncated`: classification, regression, tagging); as it is otherwise."""
     names = [s.name for s in spec]
-    if family in ("classification", "regression"):
-        def truncated(inputs, outputs):
-            return pre.sentences_truncated(*(inputs[n] for n in names))
-    elif family == "tagging":
-        def truncated(inputs, outputs):
-            return pre.words_truncated(inputs["text"], outputs["num_words"])
-    else:
+    probe = family.truncated  # overridden or the base's (no output)
+    if type(family).truncated is TaskFamily.truncated:
         return fn, spec
 
     # The name is the family's: tests find the packing in the SavedModel by it.
     if len(names) == 1:
         def serve_text(text):
             outputs = dict(fn(text))
-            return {**outputs, "truncated": truncated({names[0]: text}, outputs)}
+            return {**outputs, "truncated": probe(pre, {names[0]: text}, outputs)}
     else:
         def serve_text(text, text_pair):
             outputs = dict(fn(text, text_pair))
-            return {**outputs, "truncated": truncated(dict(zip(names, (text, text_pair))), outputs)}
+            return {**outputs, "truncated": probe(pre, dict(zip(names, (text, text_pair))), outputs)}
     return serve_text, spec
 
 

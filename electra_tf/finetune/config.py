@@ -13,7 +13,8 @@ length 512; chunking at length 256. (The paper's Table 7 lists 3e-4 for Small; t
 which produced the published Small numbers' configs, defaults to 1e-4 and so do we.)
 
 Example:
->>> config = FinetuningConfig.for_model_size("base", "rte")
+>>> from electra_tf.finetune.tasks import get_task
+>>> config = FinetuningConfig.for_model_size("base", get_task("rte"))
 >>> config.num_train_epochs, config.learning_rate
 (10.0, 0.0001)
 """
@@ -112,21 +113,17 @@ class FinetuningConfig(JsonConfig):
         return self.layerwise_lr_decay if 0.0 < self.layerwise_lr_decay < 1.0 else None
 
     @classmethod
-    def for_model_size(cls, size: str = "small", task: str | None = None, **overrides) -> "FinetuningConfig":
-        """The original's defaults for a model size ("small", "base", "large") and task name."""
+    def for_model_size(cls, size: str = "small", task=None, **overrides) -> "FinetuningConfig":
+        """The original's defaults for a model size ("small", "base", "large") and a task (a
+        `tasks.Task`: its row's and its family's `finetuning_defaults`), then `overrides`."""
         size = size.strip().lower()
         if size not in MODEL_SIZES:
             raise ConfigError(f"FinetuningConfig.model_size: must be one of {MODEL_SIZES} (got {size!r})")
         values: dict[str, Any] = {}
         if size == "large":
             values.update(learning_rate=5e-5, layerwise_lr_decay=0.9)
-        name = (task or "").strip().lower()
-        if name in ("rte", "sts-b", "stsb", "sts"):
-            values["num_train_epochs"] = 10.0
-        elif "squad" in name or name == "qa":
-            values.update(max_seq_length=512, num_train_epochs=2.0)
-        elif name in ("chunk", "tagging"):
-            values["max_seq_length"] = 256
+        if task is not None:
+            values.update(task.finetuning_defaults)
         return cls.from_dict({**values, **overrides}, source=f"FinetuningConfig.for_model_size({size!r})")
 
 

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 from electra_tf.finetune import metrics
 from electra_tf.finetune.families import FAMILIES, get_family
@@ -50,6 +50,9 @@ class Task:
       glue_files: the layout of the task's original GLUE files (`glue.GlueTask`), or None.
       scores: the metrics reported and the main score; None: the family's generic ones.
       aliases: other names `get_task` knows the task by (lower case).
+      defaults: `FinetuningConfig` fields this task trains with unless told otherwise, over its
+        family's (`TaskFamily.finetuning_defaults`), as (field, value) pairs; e.g. the original's
+        10 epochs for RTE and STS-B.
     """
 
     name: str
@@ -65,6 +68,7 @@ class Task:
     glue_files: GlueTask | None = None
     scores: metrics.TaskMetrics | None = None
     aliases: tuple[str, ...] = ()
+    defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.family not in FAMILIES:
@@ -75,6 +79,12 @@ class Task:
             if len(set(names)) != len(names) or not names:
                 raise ValueError(f"Task {self.name!r}: field 'label_names' must be non-empty and unique")
             object.__setattr__(self, "label_names", names)
+
+    @property
+    def finetuning_defaults(self) -> dict[str, Any]:
+        """The `FinetuningConfig` fields this task trains with by default: its family's, then its
+        own (`FinetuningConfig.for_model_size(size, task)`)."""
+        return {**get_family(self.family).finetuning_defaults, **dict(self.defaults)}
 
     @property
     def num_labels(self) -> int:
@@ -121,6 +131,8 @@ def _glue(name, tfds_config, labels, text, pair, scores, files, family="classifi
 
 
 ACCURACY, F1_ACCURACY = metrics.ACCURACY, metrics.F1_ACCURACY
+# The authors' run_finetuning.py trains the two smallest GLUE sets, RTE and STS-B, 10 epochs.
+_TEN_EPOCHS = (("num_train_epochs", 10.0),)
 # The predefined tasks: one row each (family, labels, columns, data, metrics, other names).
 TASKS: dict[str, Task] = {t.name: t for t in [
     _glue("cola", "cola", ("unacceptable", "acceptable"), "sentence", None, metrics.MCC_ACCURACY,
@@ -138,7 +150,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     _glue("sts-b", "stsb", None, "sentence1", "sentence2", metrics.CORRELATION,
           pair_files("STS-B", (-3, "sentence1"), (-2, "sentence2"), (-1, "score"), None,
                      test_text=-2, test_pair=-1),
-          family="regression", aliases=("stsb",)),
+          family="regression", aliases=("stsb",), defaults=_TEN_EPOCHS),
     _glue("qqp", "qqp", ("not_duplicate", "duplicate"), "question1", "question2", F1_ACCURACY,
           GlueTask("QQP", Layout((3, "question1"), (4, "question2"), (5, "is_duplicate")),
                    Layout((1, "question1"), (2, "question2"), index=(0, "id")), BINARY,
@@ -155,7 +167,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     _glue("qnli", "qnli", ("entailment", "not_entailment"), "question", "sentence", ACCURACY,
           pair_files("QNLI", (1, "question"), (2, "sentence"), (3, "label"), NLI)),
     _glue("rte", "rte", ("entailment", "not_entailment"), "sentence1", "sentence2", ACCURACY,
-          pair_files("RTE", (1, "sentence1"), (2, "sentence2"), (3, "label"), NLI)),
+          pair_files("RTE", (1, "sentence1"), (2, "sentence2"), (3, "label"), NLI), defaults=_TEN_EPOCHS),
     _glue("wnli", "wnli", ("not_entailment", "entailment"), "sentence1", "sentence2", ACCURACY,
           pair_files("WNLI", (1, "sentence1"), (2, "sentence2"), (3, "label"), BINARY)),
     # The paper's tables quote SQuAD exact match, so it selects the checkpoint.

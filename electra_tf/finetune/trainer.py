@@ -240,7 +240,7 @@ def _finetune(out: "_RunFolder", task, model_config, finetuning_config, *, train
     family = get_family(task.family)
     encoder = _Encoder.of(init_checkpoint, model_config, vocab_file)
     tokenizer, lower_case = encoder.tokenizer(lower_case, log=log, warn=_warner(log))
-    fc = _finetuning_config(finetuning_config, encoder.config, task.name, model_size)
+    fc = _finetuning_config(finetuning_config, encoder.config, task, model_size)
     out.write_config("finetuning_config.json", fc)
     data = _TaskData.load(family, task, files_, tokenizer, fc, train_examples=train_examples,
                           eval_examples=eval_examples, tfds_data_dir=tfds_data_dir,
@@ -393,12 +393,12 @@ class _Encoder:
         return tokenizer, lower_case
 
 
-def _finetuning_config(finetuning_config, config: ElectraConfig, task_name: str, model_size) -> FinetuningConfig:
+def _finetuning_config(finetuning_config, config: ElectraConfig, task: Task, model_size) -> FinetuningConfig:
     """The config given, or the original's defaults for the model size and task with a dict of
     overrides; its max_seq_length must fit the encoder's positions."""
     if finetuning_config is None or isinstance(finetuning_config, dict):
         size = model_size or config.model_size
-        fc = FinetuningConfig.for_model_size(size, task_name, **(finetuning_config or {}))
+        fc = FinetuningConfig.for_model_size(size, task, **(finetuning_config or {}))
     else:
         fc = finetuning_config
     if fc.max_seq_length > config.max_position_embeddings:

@@ -270,14 +270,22 @@ def test_truncated_finetuned_checkpoint_names_the_file(tmp_path, tiny_config, vo
 
 
 def test_for_model_size_defaults():
-    assert FinetuningConfig.for_model_size("small", "sst-2").learning_rate == 1e-4
-    large = FinetuningConfig.for_model_size("large", "rte")
+    """The authors' per-task defaults, from the task's row (RTE, STS-B: 10 epochs) and family
+    (QA: length 512, 2 epochs; tagging: length 256)."""
+    from electra_tf.finetune.tasks import generic_task, get_task
+
+    assert FinetuningConfig.for_model_size("small", get_task("sst-2")).learning_rate == 1e-4
+    large = FinetuningConfig.for_model_size("large", get_task("rte"))
     assert (large.learning_rate, large.layerwise_lr_decay, large.num_train_epochs) == (5e-5, 0.9, 10.0)
-    squad = FinetuningConfig.for_model_size("base", "squad2.0")
+    assert FinetuningConfig.for_model_size("base", get_task("stsb")).num_train_epochs == 10.0
+    squad = FinetuningConfig.for_model_size("base", get_task("squad2.0"))
     assert (squad.max_seq_length, squad.num_train_epochs, squad.layerwise_lr_decay) == (512, 2.0, 0.8)
-    base = FinetuningConfig.for_model_size("base", "mnli")
+    assert FinetuningConfig.for_model_size("base", generic_task("qa")).max_seq_length == 512
+    assert FinetuningConfig.for_model_size("base", generic_task("tagging")).max_seq_length == 256
+    base = FinetuningConfig.for_model_size("base", get_task("mnli"))
     assert (base.train_batch_size, base.warmup_proportion, base.weight_decay, base.max_seq_length,
             base.num_train_epochs) == (32, 0.1, 0.01, 128, 3.0)
+    assert FinetuningConfig.for_model_size("base", get_task("mnli"), max_seq_length=64).max_seq_length == 64
     with pytest.raises(ConfigError, match="model_size"):
         FinetuningConfig.for_model_size("huge")
 

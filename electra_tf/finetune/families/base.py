@@ -106,6 +106,10 @@ class TaskFamily:
     generic_columns: dict = {}
     generic_scores: TaskMetrics | None = None
 
+    # `FinetuningConfig` fields every task of the family trains with unless told otherwise (a
+    # task's row may add its own: `tasks.Task.defaults`).
+    finetuning_defaults: dict[str, Any] = {}
+
     def __repr__(self):
         return f"{type(self).__name__}()"
 
@@ -193,6 +197,19 @@ class TaskFamily:
         `description` is the fine-tuned model's `saving.FinetunedModelConfig`. The function
         must be named `serve_text` (tests read its traced graph by that name)."""
         raise NotImplementedError
+
+    def truncated(self, pre, inputs: dict, outputs: dict):
+        """The text signature's `truncated` output, bool [B]: which rows had more than
+        max_seq_length pieces and were cut, from the signature's `inputs` and `outputs` (dicts of
+        tensors by name); None where the family has no simple answer (the signature then has no
+        `truncated`)."""
+        return None
+
+    def example_signatures(self, head, description) -> dict:
+        """TF Serving's Classify / Regress signatures of this family: {signature name: function
+        from the text signature's outputs to the API's outputs}, {} for none. The export parses
+        the `tf.Example`s into the text signature's inputs (`export._example_signature`)."""
+        return {}
 
 
 def label_names(description, head) -> list[str]:

@@ -26,6 +26,7 @@ class SpanQuestionAnswering(TaskFamily):
     [B] and, for SQuAD 2.0, `no_answer_score` float32 [B]."""
 
     name = "qa"
+    finetuning_defaults = {"max_seq_length": 512, "num_train_epochs": 2.0}  # the authors' SQuAD settings
     head = "SpanQuestionAnswerer"
     file_extensions = (".json",)
 

@@ -27,6 +27,7 @@ class TokenTagging(TaskFamily):
     `num_words` int32 [B] (the words that fit)."""
 
     name = "tagging"
+    finetuning_defaults = {"max_seq_length": 256}  # the authors' chunking setting
     head = "TokenTagger"
     file_extensions = (".jsonl", ".txt", ".conll")
     has_label_names = True
@@ -82,3 +83,7 @@ class TokenTagging(TaskFamily):
             is_word = tf.range(tf.shape(positions)[1])[None, :] < num_words[:, None]
             return {"labels": tf.where(is_word, labels, ""), "num_words": num_words}
         return serve_text, string_specs("text")
+
+    def truncated(self, pre, inputs, outputs):
+        """Whether words past max_seq_length got no label."""
+        return pre.words_truncated(inputs["text"], outputs["num_words"])
