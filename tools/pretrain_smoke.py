@@ -17,25 +17,26 @@ from absl import app, flags, logging
 from electra_tf import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/smoke", "Where the corpus, vocab and shards go.")
-_DOCS = flags.DEFINE_integer("num_documents", 2000, "IMDB reviews to use.")
-_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocab size to learn.")
-_STEPS = flags.DEFINE_integer("steps", 300, "Training steps.")
-_BATCH = flags.DEFINE_integer("batch_size", 32, "Training batch size.")
-_SEQ = flags.DEFINE_integer("max_seq_length", 64, "Example length.")
-_LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Print the losses every N steps.")
+# The bounds: the embedded corpus has 25,000 reviews; the tiny config has 128 positions.
+_DOCS = flags.DEFINE_integer("num_documents", 2000, "IMDB reviews to use.", lower_bound=1, upper_bound=25_000)
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 4000, "WordPiece vocab size to learn.", lower_bound=100,
+                                   upper_bound=1_000_000)
+_STEPS = flags.DEFINE_integer("steps", 300, "Training steps.", lower_bound=1)
+_BATCH = flags.DEFINE_integer("batch_size", 32, "Training batch size.", lower_bound=1, upper_bound=4096)
+_SEQ = flags.DEFINE_integer("max_seq_length", 64, "Example length.", lower_bound=8, upper_bound=128)
+_LOG_EVERY = flags.DEFINE_integer("log_every", 25, "Print the losses every N steps.", lower_bound=1)
 
 
 def prepare_data(workdir, num_documents, vocab_size, max_seq_length):
     """Corpus -> vocab -> shards, each stage skipped when its output exists. Returns paths."""
+    from electra_tf import files
     from electra_tf.data import corpus, manifest, shards, tokenizer
 
-    os.makedirs(workdir, exist_ok=True)
+    files.own_folder(workdir)  # a link or a file there is refused, never written through
     corpus_file = os.path.join(workdir, "imdb_subset.txt")
     if not os.path.exists(corpus_file):
         docs = list(itertools.islice(corpus.imdb_documents(), num_documents))
-        with open(corpus_file + ".tmp", "w", encoding="utf-8") as f:
-            f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
-        os.replace(corpus_file + ".tmp", corpus_file)
+        files.write_text(corpus_file, "\n\n".join("\n".join(doc) for doc in docs) + "\n")
         logging.info("corpus: %d IMDB reviews -> %s", len(docs), corpus_file)
     vocab_file = os.path.join(workdir, "vocab.txt")
     if not os.path.exists(vocab_file):

@@ -60,6 +60,7 @@ def format_line(text: str, result, fmt: str) -> str:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from electra_tf.data.tokenizer import VocabError
     from electra_tf.scoring import Scorer, ScoringError, progress_logger  # TensorFlow: after the flags
 
     try:
@@ -75,7 +76,7 @@ def main(argv):
             files.write_text(_OUTPUT.value, out)  # replaced, never written through a link
         else:
             sys.stdout.write(out)
-    except (ScoringError, OSError) as e:
+    except (ScoringError, VocabError, OSError) as e:
         sys.exit(f"electra-score: error: {e}")
 
 
