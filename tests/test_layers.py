@@ -21,6 +21,7 @@ LAYERS = [
     {"finetune"},
     {"export", "keras_objects"},
     {"scoring", "demo"},
+    {"electric_export"},
     {"replication", "ranking"},
     {"tools", "configs"},
 ]

@@ -7,7 +7,7 @@
 `--checkpoint` is what electra-finetune wrote: its `--model_dir` (its `best/` is used), or a
 `best/` folder; `~` is expanded in both paths. An Electric model (an `--override
 objective=electric` pretraining run's `--model_dir`, or its `discriminator/`) is exported with a
-`score` signature instead: raw sentences in, their scores out (`electra_tf/scoring.py`):
+`score` signature instead: raw sentences in, their scores out (`electra_tf/electric_export.py`):
 
     electra-export --checkpoint=runs/electric --export_base=/tmp/export --model_name=electric
 
@@ -104,7 +104,8 @@ def _refuse_unusable_output(export_base: str) -> None:
 def _export_electric(checkpoint: str, export_base: str, not_finetuned: Exception) -> None:
     """A `score` SavedModel from an Electric checkpoint; `not_finetuned` says why the checkpoint
     was not read as a fine-tuned model (part of the error when it is not Electric either)."""
-    from electra_tf.scoring import ScoringError, export_scorer
+    from electra_tf.electric_export import export_scorer
+    from electra_tf.scoring import ScoringError
 
     if _IDS_ONLY.value or _TEXT_PAIR.value:
         raise ValueError("--ids_only and --text_pair are for fine-tuned models; an Electric model "

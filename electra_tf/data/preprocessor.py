@@ -5,7 +5,7 @@ lays it out as every fine-tuning head reads it (`data/inputs.py`): `[CLS] A [SEP
 `segment_ids` 0 up to the first [SEP] and 1 after, `input_mask` 1 on real tokens, [PAD] ids
 to `max_seq_length`. Fine-tuning features (`finetune/features.py`) call it on the examples'
 text and the exported SavedModel's text signatures (`export.py`, the families'
-`serving_signature`, Electric's `scoring.score_endpoint`) call it on the request's text, so the
+`serving_signature`, Electric's `electric_export.score_endpoint`) call it on the request's text, so the
 ids a model is trained on and the ids it is served are the same by construction; nothing else
 in the package packs fine-tuning input.
 

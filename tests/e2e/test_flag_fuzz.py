@@ -66,7 +66,7 @@ def build_user_files(user: Path) -> None:
     from electra_tf.convert.pretrained import save_electra_checkpoint
     from electra_tf.data import shards
     from electra_tf.models import ElectraPretrainer
-    from electra_tf.scoring import export_scorer
+    from electra_tf.electric_export import export_scorer
 
     rng = random.Random(SEED)
     user.mkdir()

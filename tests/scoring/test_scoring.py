@@ -19,7 +19,8 @@ import tensorflow as tf
 from electra_tf.config import ElectraConfig
 from electra_tf.convert.pretrained import save_electra_checkpoint
 from electra_tf.models import Discriminator, ElectraPretrainer
-from electra_tf.scoring import Scorer, ScoringError, export_scorer, progress_logger, score_texts
+from electra_tf.electric_export import export_scorer
+from electra_tf.scoring import Scorer, ScoringError, progress_logger, score_texts
 from tests.server_process import serving
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
