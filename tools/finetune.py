@@ -25,6 +25,7 @@ seeds and the fine-tuned model to `--model_dir/best/` (with several seeds, each 
 
 import math
 import os
+import sys
 
 from absl import app, flags, logging
 
@@ -144,6 +145,7 @@ def main(argv):
     from electra_tf.finetune.examples import TaskDataError
     from electra_tf.finetune.trainer import run_seeds, task_from_options
     from electra_tf.training.loop import NonFiniteLossError
+    from electra_tf.training.preemption import Interrupted
     from electra_tf.training.strategy import StrategyError, create_strategy
 
     try:
@@ -163,6 +165,9 @@ def main(argv):
     except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError,
             NonFiniteLossError) as e:
         raise SystemExit(f"electra-finetune: error: {e}")
+    except Interrupted as e:  # SIGTERM / SIGINT: one line, 143 / 130 (trainer.py)
+        print(f"electra-finetune: {e}", file=sys.stderr)
+        sys.exit(e.code)
     for name, s in results["summary"].items():
         print(f"{results['task']} {name}: median {s['median']:.2f} (min {s['min']:.2f}, "
               f"max {s['max']:.2f}, std {s['std']:.2f}) over {results['num_seeds']} seed(s)")

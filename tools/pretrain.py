@@ -17,12 +17,22 @@ resumes from the newest checkpoint in --model_dir that reads back (a damaged one
 skipped; --init_checkpoint is then ignored). A resumed run may change only the steps, the
 intervals and the micro-batches (see --model_dir and --allow_config_change); another config is
 refused before anything is written. Every shard is checked before step 1 (--check_shards).
-SIGTERM saves a checkpoint at the next loop boundary and exits 0; bad input (a damaged shard,
-another run's folder, a flag that contradicts the manifest or the checkpoint) and a NaN/Inf loss
-exit 1 with one line naming the file, field or step. See electra_tf/training/loop.py and
+
+Stopping: SIGTERM (a preemption) or SIGINT (Ctrl-C) stops the run within about a second (the
+running in-graph call is kept to a second), saves a checkpoint at the step reached and prints
+one line saying where it stopped; the same command resumes exactly. A second signal stops at
+once, without that checkpoint (the run resumes from the one before). Exit status: 0 on SIGTERM,
+so that a scheduler's preemption counts as a clean stop (the documented convention since the
+first release); 130 on SIGINT, as a shell reports Ctrl-C, so that `electra-pretrain ... &&
+next-step` does not go on with a half-trained model. The same codes when the signal arrives
+before the first step or while the discriminator is exported (then the line says so).
+Bad input (a damaged shard, another run's folder, a link at --model_dir/train, a flag that
+contradicts the manifest or the checkpoint) and a NaN/Inf loss exit 1 with one line naming the
+file, field or step. See electra_tf/training/loop.py, electra_tf/training/preemption.py and
 electra_tf/training/run_setup.py.
 """
 
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -93,7 +103,8 @@ _JIT = flags.DEFINE_bool(
     "in pretraining_config.json (step_path).")
 _MIXED = flags.DEFINE_enum("mixed_precision", None, list(MIXED_PRECISION),
                            "Mixed precision policy.")
-_SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.")
+_SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and input seed.",
+                             lower_bound=0, upper_bound=2**32 - 1)  # what TensorFlow's seeds take
 _TIMEOUT = flags.DEFINE_float("strategy_timeout", 30.0, "Seconds to reach a TPU.")
 _CHECK_SHARDS = flags.DEFINE_bool(
     "check_shards", True, "Before step 1, read every record of every shard (framing, both CRCs, "
@@ -121,6 +132,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     from electra_tf.training import run_setup, strategy as strategy_lib
     from electra_tf.training.loop import USER_ERRORS, run_pretraining
+    from electra_tf.training.preemption import Interrupted, StopRequest, signal_name
 
     try:
         setup = run_setup.resolve_run(
@@ -132,18 +144,36 @@ def main(argv):
                                                 num_gpus=_NUM_GPUS.value,
                                                 timeout_seconds=_TIMEOUT.value)
     except (ValueError, OSError, strategy_lib.StrategyError) as e:
-        logging.error("%s", e)
-        sys.exit(f"error: {e}")
+        sys.exit(f"electra-pretrain: error: {e}")
     flag_values = {f.name: f.value for f in flags.FLAGS.get_key_flags_for_module(sys.modules[__name__])}
     try:
-        result = run_pretraining(
-            setup.model_config, setup.config, _DATA.value, _MODEL_DIR.value, strategy,
-            vocab_file=setup.vocab_file, flags=flag_values, check_shards=_CHECK_SHARDS.value,
-            skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value,
-            init=setup.init, run_facts=setup.record)
+        # Outside the training loop (shard check, start-up, export) a signal stops at once; in
+        # the loop, within about a second with a checkpoint (loop.py).
+        with StopRequest(at_once=True):
+            result = run_pretraining(
+                setup.model_config, setup.config, _DATA.value, _MODEL_DIR.value, strategy,
+                vocab_file=setup.vocab_file, flags=flag_values, check_shards=_CHECK_SHARDS.value,
+                skip_corrupt=_SKIP_CORRUPT.value, allow_changes=_ALLOW_CHANGE.value,
+                init=setup.init, run_facts=setup.record)
     except USER_ERRORS as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"electra-pretrain: error: {e}")
+    except Interrupted as e:
+        _stop(f"{e} (the checkpoints in {_MODEL_DIR.value} are kept)", e.signum)
     logging.info("Done at step %d%s", result.step, " (preempted)" if result.preempted else "")
+    if result.preempted:  # stop_signal None: another worker's signal stopped every worker
+        cause = signal_name(result.stop_signal) if result.stop_signal else "another worker's signal"
+        _stop(f"stopped on {cause} at step {result.step} of {setup.config.num_train_steps} "
+              f"(checkpoint {result.checkpoint})", result.stop_signal)
+    if result.stop_signal:  # it arrived as the last steps ran: the run is complete
+        _stop(f"{signal_name(result.stop_signal)} arrived as the run finished at step "
+              f"{result.step}: it is complete", result.stop_signal, resume=False)
+
+
+def _stop(message: str, signum: int | None, resume: bool = True):
+    """One line on stderr, then exit 0 for SIGTERM (a preemption), 130 for SIGINT."""
+    print(f"electra-pretrain: {message}" + ("; run the same command to resume" if resume else ""),
+          file=sys.stderr, flush=True)
+    sys.exit(128 + signum if signum == signal.SIGINT else 0)
 
 
 def run():

@@ -6,13 +6,13 @@ One loop a reader can follow:
   input:  strategy.distribute_datasets_from_function(pipeline.dataset_fn(..., start_step=step))
   path:   the replica step as a plain graph or XLA-compiled: the faster on this CPU unless
           the config says which (`step_path.choose`: a probe whose steps are undone)
-  step:   one tf.function runs `steps_per_loop` x strategy.run(train_step) (the replica step
-          on that path; with gradient_accumulation_steps=N it sums the gradients of N
-          micro-batches into one update, `accumulated_step`), and returns the global losses,
-          token counts, float16 loss-scale skips and whether any worker asked to stop
-          (`steps.py`)
-  after each loop: NaN/Inf check, summaries (`summaries.py`), a log line, checkpoint, SIGTERM
-          check (`preemption.py`).
+  step:   one tf.function runs n x strategy.run(train_step) (the replica step on that path;
+          with gradient_accumulation_steps=N it sums the gradients of N micro-batches into one
+          update, `accumulated_step`), and returns the global losses, token counts and float16
+          loss-scale skips (`steps.py`); n keeps a call to about a second, within
+          `steps_per_loop` (`_LoopCalls`)
+  after each call: NaN/Inf check, summaries (`summaries.py`), a log line at each multiple of
+          steps_per_loop, checkpoint, SIGTERM / SIGINT check (`preemption.py`).
 
 Every count is of optimizer steps (`optimizer.iterations`): the schedule, checkpoints, summaries,
 resume and num_train_steps, whatever the number of micro-batches per step.
@@ -32,11 +32,12 @@ that stream at example s * global_batch / num_pipelines (`pipeline.pretraining_d
 stored in the checkpoint, so it stays valid if the input files move.
 
 Checkpoints (`tf.train.CheckpointManager` in `model_dir`, prefix `ckpt`) hold every model
-variable (see `model_checkpoint`) and the optimizer; they are written at loop boundaries when a
-multiple of `save_checkpoints_steps` was passed, at the end, and when SIGTERM arrives (the run
-then stops at the next loop boundary and `run_pretraining` returns normally with
-`preempted=True`; the binary exits 0). A non-finite loss raises `NonFiniteLossError` naming the
-first bad step; nothing is saved after it, so the latest checkpoint is the last good state.
+variable (see `model_checkpoint`) and the optimizer; they are written at each multiple of
+`save_checkpoints_steps`, at the end, and when SIGTERM or SIGINT arrives: the run then stops
+within about a second (the running call's end), saves the step reached and `run_pretraining`
+returns normally with `preempted=True` and the signal (the binary exits 0 on SIGTERM, 130 on
+SIGINT). A non-finite loss raises `NonFiniteLossError` naming the first bad step; nothing is
+saved after it, so the latest checkpoint is the last good state.
 
 Before anything is written, in this order (each failure is one `USER_ERRORS` line and leaves
 `model_dir` as it was):
@@ -57,14 +58,15 @@ it, after a checkpoint of the steps done so far (`_save_after_input_error`).
 Multi-worker: every worker runs the same loop (collectives need all of them); the chief writes
 checkpoints, summaries, the config JSON and the exported discriminator; other workers write
 checkpoints to a temporary folder that is deleted (the MultiWorkerMirroredStrategy pattern).
-The stop request (SIGTERM) is max-reduced across workers inside the step function, so every
-worker stops at the same loop boundary.
+The stop request (SIGTERM / SIGINT) and the length of the next call are summed over the
+workers before every call (`_LoopCalls`), so every worker stops at the same step.
 
 Files in `model_dir`: `pretraining_config.json` (flags, model config, pretraining config, and
 from `run_setup`: the shards' manifest, their casing `lower_case`, the vocabulary's sha256 and
 the initial checkpoint), `ckpt-*` checkpoints, `train/` TensorBoard events (with
-`loss_scale/skipped_steps` and `loss_scale/scale` under float16), `discriminator/` (our format,
-loadable by `from_pretrained` and fine-tuning).
+`loss_scale/skipped_steps` and `loss_scale/scale` under float16; a link planted at `train/` is
+refused before the shard check, `files.own_folder`), `discriminator/` (our format, loadable by
+`from_pretrained` and fine-tuning, built aside and renamed into place).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ import glob
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -94,7 +97,7 @@ from electra_tf.training import step_path
 from electra_tf.training.config import (
     MIXED_PRECISION, RESUME_FREE_FIELDS, RESUME_ON_REQUEST_FIELDS, PretrainingConfig,
     PretrainingConfigError)
-from electra_tf.training.preemption import StopRequest
+from electra_tf.training.preemption import StopRequest, signal_name
 from electra_tf.training.steps import make_loop_fn, track_gradient_norm
 from electra_tf.training.strategy import is_chief
 from electra_tf.training.summaries import PretrainingSummaries
@@ -103,6 +106,9 @@ from electra_tf.training.summaries import PretrainingSummaries
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or Inf; the message names the step."""
 
+
+# TensorBoard summaries of the run, a folder of model_dir.
+TRAIN_FOLDER = "train"
 
 # Errors whose message is the whole story (it names the file or field): the binary prints them as
 # one line, without a traceback.
@@ -180,10 +186,13 @@ def check_run_folder(model_dir, model_config: ElectraConfig, config: Pretraining
 class PretrainingResult(NamedTuple):
     model: ElectraPretrainer  # the trained pretrainer (its optimizer attached)
     step: int
-    preempted: bool
+    preempted: bool  # stopped by a signal before num_train_steps (a checkpoint at `step`)
     metrics: dict
     checkpoint: str | None
     discriminator_dir: str | None
+    # SIGTERM / SIGINT when one arrived during the loop: it stopped the run (`preempted`), or
+    # the run finished first and the caller should stop too. None otherwise.
+    stop_signal: int | None = None
 
 
 def _build(model_config, config: PretrainingConfig, strategy):
@@ -249,9 +258,9 @@ def _check_batch_split(config: PretrainingConfig, replicas: int) -> None:
 
 
 def _check_input(data_pattern, config: PretrainingConfig, check_shards: bool,
-                 skip_corrupt: bool) -> int | None:
-    """Every record of every shard read once (`pipeline.check_shards`); returns the records a
-    pass over the data skips, when known."""
+                 skip_corrupt: bool, vocab_size: int) -> int | None:
+    """Every record of every shard read once (`pipeline.check_shards`: framing, parsing, token ids
+    within the model's `vocab_size`); returns the records a pass over the data skips, when known."""
     if not check_shards:
         if skip_corrupt:
             logging.warning("skip_corrupt without the shard check: damaged shards are read up "
@@ -259,7 +268,8 @@ def _check_input(data_pattern, config: PretrainingConfig, check_shards: bool,
                             "uncounted")
         return None
     skipped_records = pipeline.check_shards(
-        data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt).records_skipped
+        data_pattern, config.max_seq_length, skip_corrupt=skip_corrupt,
+        vocab_size=vocab_size).records_skipped
     if skip_corrupt:
         logging.info("skipping %d records per pass over the data (damaged, or after the "
                      "damage in their shard)", skipped_records)
@@ -337,35 +347,105 @@ def _choose_step_path(model, opt, grad_norm, strategy, config: PretrainingConfig
     return loop_for(choice.jit_compile), choice
 
 
+# One call of the in-graph loop lasts about this long: Python handles a signal only between two
+# calls (preemption.py), so a stop waits at most about this; the host round trip of a call costs
+# a few milliseconds.
+CALL_SECONDS = 1.0
+
+
+class _LoopCalls:
+    """How many steps the next call of the loop function runs, and whether to stop before it.
+
+    A call never crosses a multiple of steps_per_loop, summary_steps or save_checkpoints_steps
+    (summaries and checkpoints land on their steps) and lasts about CALL_SECONDS: the first runs
+    one step (its time is mostly the trace), each later one as many steps as the previous call's
+    speed fits in CALL_SECONDS. Before, a call ran steps_per_loop steps and a SIGTERM waited for
+    its end (with the README's steps_per_loop=1000, minutes on a CPU). What a step computes does not depend on the calls (it is keyed
+    by the optimizer step: masks, samples, dropout, input position), so a run stopped at any step
+    resumes exactly.
+
+    Under MultiWorkerMirroredStrategy every worker must make the same calls (their collectives
+    pair up): each worker's length and stop request are summed over the replicas before every
+    call; all take the mean length and stop when any worker was asked to.
+    """
+
+    def __init__(self, strategy, config: PretrainingConfig):
+        self.config = config
+        self.seconds_per_step = None
+        self.replicas = strategy.num_replicas_in_sync
+        self._sum = None
+        if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+            @tf.function
+            def sum_over_replicas(values):  # int64 [2]: this worker's length, stop request
+                return strategy.reduce("SUM", strategy.run(lambda: tf.identity(values)), axis=None)
+
+            self._sum = sum_over_replicas
+
+    def next(self, step: int, requested: bool) -> tuple[int, bool]:
+        """(steps of the next call, whether to stop now instead) at `step`."""
+        c = self.config
+        boundary = min(c.num_train_steps, *(step // every * every + every for every in
+                                            (c.steps_per_loop, c.summary_steps,
+                                             c.save_checkpoints_steps)))
+        if self.seconds_per_step is None:
+            length = 1  # the first call: mostly the trace
+        else:
+            length = max(1, min(boundary - step, int(CALL_SECONDS / self.seconds_per_step)))
+        if self._sum is None:
+            return length, requested
+        total = self._sum(tf.constant([length, int(requested)], tf.int64)).numpy()
+        return max(1, int(total[0]) // self.replicas), bool(total[1])
+
+    def took(self, num_steps: int, seconds: float) -> None:
+        self.seconds_per_step = seconds / num_steps
+
+
 def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
            config: PretrainingConfig, data_pattern, model_dir: str, skip_corrupt: bool,
            skipped_records: int | None):
-    """The loop, from the restored step to `num_train_steps` or a SIGTERM: each call of `loop`
-    runs `steps_per_loop` steps; then the NaN check, summaries, a log line, a checkpoint when
-    due. Returns (step, preempted, metrics, latest checkpoint)."""
+    """The loop, from the restored step to `num_train_steps` or a SIGTERM / SIGINT: calls of
+    `loop` of about a second (`_LoopCalls`); after each, the NaN check, the summaries and a
+    checkpoint when due, and a log line at each multiple of steps_per_loop. Returns (step,
+    preempted, metrics, latest checkpoint, the signal that stopped it or arrived, or None)."""
     step = int(opt.iterations.numpy())
     iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
         data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
         start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
-    writer = (tf.summary.create_file_writer(os.path.join(model_dir, "train")) if is_chief(strategy)
-              else tf.summary.create_noop_writer())
+    writer = (tf.summary.create_file_writer(os.path.join(model_dir, TRAIN_FOLDER))
+              if is_chief(strategy) else tf.summary.create_noop_writer())
     progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)
     summary = PretrainingSummaries(model, opt, grad_norm, config, writer, step,
                          skipped_records if skip_corrupt else None)
+    calls = _LoopCalls(strategy, config)
+    no_stop = tf.constant(False)  # the request is looked at between calls (`_LoopCalls.next`)
     metrics, preempted = {}, False
-    with StopRequest() as stop_request, writer.as_default():
+    # Until the first call ends (its trace and compilation can take a minute) there is nothing
+    # new to save: a signal then stops at once, in the trace. Not across workers: the others
+    # would wait for this one in their collectives.
+    at_once = not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    with StopRequest(at_once=at_once) as stop_request, writer.as_default():
         while step < config.num_train_steps:
-            num_steps = min(config.steps_per_loop, config.num_train_steps - step)
+            num_steps, preempted = calls.next(step, stop_request.requested)
+            if preempted:
+                break
+            started = time.monotonic()
             try:
-                loss, bad_step, tokens, skipped, stop = loop(
-                    iterator, tf.constant(num_steps), tf.constant(stop_request.requested))
+                loss, bad_step, tokens, skipped, _ = loop(iterator, tf.constant(num_steps), no_stop)
+                bad_step = int(bad_step)  # waits for the call's end
             except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
                 error = _damaged_shard_error(e, manager, opt, strategy, saved)
                 if error is None:
                     raise
                 raise error from None
-            _check_finite(loss, int(bad_step), saved)
+            seconds = time.monotonic() - started
+            _check_finite(loss, bad_step, saved)
             previous, step = step, int(opt.iterations.numpy())
+            if calls.seconds_per_step is None:
+                logging.info("step %d: the train loop is traced (%.1f s) and runs in calls of about "
+                             "%g s; SIGTERM or SIGINT now stops at a call's end with a checkpoint",
+                             step, seconds, CALL_SECONDS)
+            calls.took(num_steps, seconds)
+            stop_request.at_once = False  # from now on a stop keeps the steps done
             summary.add(int(tokens), int(skipped))
             if int(skipped):
                 logging.warning(
@@ -377,21 +457,25 @@ def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
                 metrics["gradient_norm"] = float(grad_norm.result())
             if summary.due(previous, step):
                 summary.write(step, metrics)
-            progress.update(step, force=True, loss=metrics["loss"],
-                            **{k: v for k, v in metrics.items()
-                               if k in ("mlm_loss", "disc_loss", "gradient_norm")})
+            per_loop = config.steps_per_loop
+            if step // per_loop > previous // per_loop or step >= config.num_train_steps:
+                progress.update(step, force=True, loss=metrics["loss"],
+                                **{k: v for k, v in metrics.items()
+                                   if k in ("mlm_loss", "disc_loss", "gradient_norm")})
             if previous == progress.start_step:
                 progress.reset_clock(step)  # the ETA should not count the first trace
             every = config.save_checkpoints_steps
-            if step // every > previous // every or bool(stop) or step >= config.num_train_steps:
+            if step // every > previous // every or step >= config.num_train_steps:
                 saved = _save(manager, step)
                 logging.info("Saved checkpoint %s", saved)
-            if bool(stop):
-                preempted = True
-                logging.warning("Stopped at step %d on SIGTERM; rerun the same command to "
-                                "resume", step)
-                break
-    return step, preempted, metrics, saved
+        if preempted:
+            if not (saved and saved.endswith(f"-{step}")):
+                saved = _save(manager, step)
+                logging.info("Saved checkpoint %s", saved)
+            logging.warning("Stopped at step %d on %s; rerun the same command to resume", step,
+                            signal_name(stop_request.signum) if stop_request.signum
+                            else "another worker's signal")
+    return step, preempted, metrics, saved, stop_request.signum
 
 
 def _save(manager: tf.train.CheckpointManager, step: int) -> str:
@@ -407,7 +491,7 @@ def _save(manager: tf.train.CheckpointManager, step: int) -> str:
                 os.unlink(path)
     try:
         return manager.save(checkpoint_number=step)
-    except Exception:
+    except BaseException:  # a second signal (preemption.Interrupted) too
         files.remove_stale_temporaries(manager.directory)
         for partial in tf.io.gfile.glob(os.path.join(manager.directory, f"{CHECKPOINT_PREFIX}-{step}.*")):
             tf.io.gfile.remove(partial)
@@ -446,8 +530,12 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     replicas = strategy.num_replicas_in_sync
     _check_batch_split(config, replicas)
     check_run_folder(model_dir, model_config, config, allow_changes)  # before anything is written
-    skipped_records = _check_input(data_pattern, config, check_shards, skip_corrupt)
     chief = is_chief(strategy)
+    train_folder = os.path.join(model_dir, TRAIN_FOLDER)
+    if chief and os.path.lexists(train_folder):
+        files.own_folder(train_folder)  # a link or a file there: refused before the shard check
+    skipped_records = _check_input(data_pattern, config, check_shards, skip_corrupt,
+                                   model_config.vocab_size)
     # One writer per run folder: the chief locks it for the whole run (workers write elsewhere).
     lock = files.FolderLock(model_dir, "electra-pretrain").acquire() if chief else None
     try:
@@ -467,7 +555,11 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
     replicas = strategy.num_replicas_in_sync
     chief = is_chief(strategy)
     tf.io.gfile.makedirs(model_dir)
-    if chief:  # what a killed run left: checkpoint temporaries, a half-written discriminator
+    if chief:
+        # Folders the run writes into: never through a link planted there (LinkedFolderError,
+        # one line), refused before any work.
+        files.own_folder(os.path.join(model_dir, TRAIN_FOLDER))
+        # What a killed run left: checkpoint temporaries, a half-written discriminator.
         files.recover_folder(os.path.join(model_dir, DISCRIMINATOR_FOLDER))
         for path in files.remove_stale_temporaries(model_dir):
             logging.info("Removed %s, left by an interrupted run", path)
@@ -491,7 +583,7 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
                 "pretraining_config": config.to_dict(), "vocab_file": vocab_file,
                 "strategy": type(strategy).__name__, "num_replicas": replicas,
                 "step_path": choice.record()})
-        step, preempted, metrics, saved = _train(
+        step, preempted, metrics, saved, stop_signal = _train(
             model, opt, grad_norm, loop, manager, latest, strategy, config, data_pattern,
             model_dir, skip_corrupt, skipped_records)
         disc_dir = None
@@ -505,7 +597,7 @@ def _run_pretraining(model_config, config, data_pattern, model_dir: str, strateg
             if chief:
                 logging.info("Saved the discriminator to %s", disc_dir)
         return PretrainingResult(model, step, preempted, metrics,
-                                 saved if chief else None, disc_dir)
+                                 saved if chief else None, disc_dir, stop_signal)
     finally:
         keras.mixed_precision.set_global_policy(previous_policy)
         if not chief:
