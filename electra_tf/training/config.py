@@ -65,8 +65,10 @@ class PretrainingConfig(JsonConfig):
       learning_rate: peak learning rate.
       num_warmup_steps: linear warmup multiplying the linear decay (paper: 10,000).
       max_seq_length: the shards' sequence length.
-      steps_per_loop: steps per tf.function call (host round trips; checkpoints, summaries and
-        SIGTERM are handled between calls).
+      steps_per_loop: the most steps per tf.function call and the interval of the progress log
+        line; the loop keeps each call to about a second (fewer steps where one is slow), so a
+        signal is acted on within about a second. Checkpoints, summaries and signals are handled
+        between calls.
       save_checkpoints_steps: checkpoint when a multiple of this is passed (at loop boundaries).
       keep_checkpoint_max: checkpoints kept by the CheckpointManager.
       summary_steps: TensorBoard summaries when a multiple of this is passed (loop boundaries).
