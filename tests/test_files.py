@@ -163,3 +163,11 @@ def test_a_full_disk_is_recognised_from_python_and_tensorflow_errors(tmp_path):
     assert files.disk_full_message(error).startswith("File too large writing")
     assert files.disk_full_message(ValueError("bad value")) is None
     assert files.disk_full_message(OSError(errno.ENOENT, "missing")) is None
+    # TensorFlow's text names the device first: the path is the file, not `/job:localhost/...`.
+    error = tf.errors.ResourceExhaustedError(
+        None, None, f"{{function_node __inference_save}} /job:localhost/replica:0/task:0/device:CPU:0 "
+                    f"{tmp_path}/ckpt-3_temp/part-0; No space left on device")
+    assert files.disk_full_message(error).startswith(f"No space left on device writing {tmp_path}/ckpt-3_temp/part-0 (")
+    # Without a path in the text, the folder the caller names.
+    error = tf.errors.ResourceExhaustedError(None, None, "/job:localhost/replica:0: No space left on device")
+    assert files.disk_full_message(error, where=str(tmp_path)).startswith(f"No space left on device writing {tmp_path} (")
