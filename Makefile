@@ -25,8 +25,9 @@ $(TEST_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e ".[all,anchors]"
 	@touch $(TEST_STAMP)
 
+# Two workers, one per core of the machines this runs on; a file's tests stay on one worker.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

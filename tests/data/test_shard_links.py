@@ -299,7 +299,7 @@ def test_pretraining_refuses_shards_with_ids_past_the_model_vocabulary_in_one_li
         cwd=REPO, env=dict(ENV, TF_NUM_INTRAOP_THREADS="1"), capture_output=True, text=True,
         timeout=300)
     output = proc.stdout + proc.stderr
-    errors = [line for line in output.splitlines() if line.startswith("error: ")]
+    errors = [line for line in output.splitlines() if line.startswith("electra-pretrain: error: ")]
     assert proc.returncode == 1 and len(errors) == 1, output[-3000:]
     ids = [[parse_example(r)["input_ids"] for r in helpers.read_records(shards / shard_name(s, 4))]
            for s in range(4)]
@@ -307,7 +307,7 @@ def test_pretraining_refuses_shards_with_ids_past_the_model_vocabulary_in_one_li
     more = sum(max(map(max, shard)) >= 200 for shard in ids[1:])
     assert more == 3  # (every shard holds words past the 200th token of the vocabulary)
     assert errors[0] == (
-        f"error: {shards / shard_name(0, 4)}: record {record} has token id {max(ids[0][record])}, "
+        f"electra-pretrain: error: {shards / shard_name(0, 4)}: record {record} has token id {max(ids[0][record])}, "
         "outside the model's vocabulary (vocab_size=200; the largest id in this shard is "
         f"{max(map(max, ids[0]))}; 3 more shards have such ids): the shards were built with "
         "another vocabulary; give it with --vocab_file")

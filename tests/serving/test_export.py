@@ -1206,7 +1206,9 @@ def test_the_first_request_to_a_new_version_is_warm(exports, tmp_path):
     shutil.copytree(exports["classification"], warm / "1")
     shutil.copytree(exports["classification"], cold / "1")
     os.remove(cold / "1" / W.WARMUP_FILE)
+    # Without warmup the first request pays TensorFlow's first call (0.1-0.9 s against a ~2 ms
+    # median); with it, only what another process on the cores adds to one request (a few ms).
     first, median = first_and_median(warm)
-    assert first <= 2 * median, (first, median)
+    assert first <= max(3 * median, median + 0.02), (first, median)
     first, median = first_and_median(cold)
-    assert first > 2 * median, (first, median)
+    assert first > max(10 * median, median + 0.05), (first, median)

@@ -348,7 +348,7 @@ def test_generate_models_config_refuses_bad_model_values_in_one_line(tmp_path):
     results = run_all([module + [f"--model={value}"] for value in bad]
                       + [module + ["--model=a:/m:1,2", "--model=b:/n:latest2", f"--output={output}"]])
     for (value, words), result in zip(bad.items(), results):
-        assert_one_line(result, "generate_models_config.py: error: ", words)
+        assert_one_line(result, "electra-generate-models-config: error: ", words)
     assert results[-1].returncode == 0, results[-1].stderr
     assert target.read_text() == "not to be written through" and not output.is_symlink()
     assert "versions: 2" in output.read_text() and "num_versions: 2" in output.read_text()

@@ -226,8 +226,8 @@ def test_the_binary_names_the_field_a_config_contradicts(release, pretrain_shard
     process = th.pretrain_process(flags + [f"--init_checkpoint={release}"])
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 1, out[-3000:]
-    errors = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert errors == [(f"error: hidden_size: the model config asks for 64 but --init_checkpoint "
+    errors = [line for line in out.splitlines() if line.startswith("electra-pretrain: error: ")]
+    assert errors == [(f"electra-pretrain: error: hidden_size: the model config asks for 64 but --init_checkpoint "
                        f"{release} has 128; leave --config out (the checkpoint's is used) or "
                        "give one that matches it")]
     assert not os.path.exists(tmp_path / "run")

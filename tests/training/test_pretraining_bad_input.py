@@ -33,7 +33,7 @@ def run(th, *args, timeout=300) -> tuple[int, str]:
 
 def error_line(out: str) -> str:
     """The binary's one-line error (sys.exit writes it last)."""
-    lines = [line for line in out.splitlines() if line.startswith("error: ")]
+    lines = [line for line in out.splitlines() if line.startswith("electra-pretrain: error: ")]
     assert len(lines) == 1, out[-3000:]
     return lines[0]
 
@@ -185,7 +185,7 @@ def test_another_config_is_refused_in_one_line_and_the_folder_stays_byte_identic
                                        override=["hidden_size=128"]))
     assert code == 1, out[-3000:]
     assert error_line(out) == (
-        f"error: model_dir {model_dir} holds a run with hidden_size=64, train_batch_size=8, "
+        f"electra-pretrain: error: model_dir {model_dir} holds a run with hidden_size=64, train_batch_size=8, "
         "this run asks for hidden_size=128, train_batch_size=16; use another --model_dir or "
         "the same flags")
     assert "Traceback" not in out
@@ -229,7 +229,7 @@ def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_one_before(
     code, out = run(th, *flags)
     assert code == 1, out[-3000:]
     line = error_line(out)
-    assert line.startswith(f"error: model_dir {model_dir} has no checkpoint that reads back "
+    assert line.startswith(f"electra-pretrain: error: model_dir {model_dir} has no checkpoint that reads back "
                            f"({model_dir}/ckpt-4.index: unreadable index"), line
     assert f"{model_dir}/ckpt-2.data-00000-of-00001: checksum mismatch in tensor " in line
     assert "Traceback" not in out
@@ -264,7 +264,7 @@ def test_damaged_shards_stop_the_run_before_step_1_or_are_skipped_and_counted(
     code, out = run(th, *th.tiny_flags(pattern, pretrain_vocab, model_dir))
     assert code == 1, out[-3000:]
     assert error_line(out) == (
-        f"error: damaged shard {shards[1]}: record 50 at byte {offsets[shards[1]][50]}: data "
+        f"electra-pretrain: error: damaged shard {shards[1]}: record 50 at byte {offsets[shards[1]][50]}: data "
         "checksum mismatch (damaged record data) (1 more damaged shard logged); "
         "--skip_corrupt_records trains without the damaged records")
     assert (f"damaged shard {shards[3]}: record 300 at byte {offsets[shards[3]][300]}: "
@@ -303,7 +303,7 @@ def test_a_shard_damaged_past_the_check_stops_the_run_in_one_line_after_a_checkp
                                        save_checkpoints_steps=30, summary_steps=30))
     assert code == 1, out[-3000:]
     line = error_line(out)
-    found = re.fullmatch(r"error: damaged shard (.+): read (\d+) of (\d+) bytes, reached at step "
+    found = re.fullmatch(r"electra-pretrain: error: damaged shard (.+): read (\d+) of (\d+) bytes, reached at step "
                          r"(\d+) \(latest checkpoint (.+)\); --skip_corrupt_records trains "
                          r"without its damaged part", line)
     assert found, line

@@ -166,8 +166,8 @@ def test_the_binary_needs_neither_vocab_nor_length_with_a_manifest(pretrain_shar
     process = th.pretrain_process(flags + ["--max_seq_length=64", f"--model_dir={tmp_path}/x"])
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 1
-    errors = [line for line in out.splitlines() if line.startswith("error: ")]
-    assert errors == [(f"error: max_seq_length: --max_seq_length=64 but the shards were built "
+    errors = [line for line in out.splitlines() if line.startswith("electra-pretrain: error: ")]
+    assert errors == [(f"electra-pretrain: error: max_seq_length: --max_seq_length=64 but the shards were built "
                        f"with max_seq_length=32 "
                        f"({os.path.dirname(pretrain_shards)}/manifest.json)")]
     assert "Traceback" not in out

@@ -268,7 +268,7 @@ def stop_finetuning(vocab, model_dir, signum, *extra) -> Watched:
     assert stopped_at - sent < STOP_SECONDS, run.output[-3000:]
     assert code == 128 + signum and "Traceback" not in run.output, run.output[-3000:]
     name = signal.Signals(signum).name
-    assert re.search(rf"\] stopped on {name} after \d+ of 16 steps of seed 0 in "
+    assert re.match(rf"electra-finetune: stopped on {name} after \d+ of 16 steps of seed 0 in "
                      rf"{re.escape(str(model_dir))}: nothing of this run is kept",
                      run.last_line()), run.output[-3000:]
     assert run.last_line().endswith("run the same command to fine-tune it again")
