@@ -6,11 +6,8 @@ naming the file and the field."""
 
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,24 +18,11 @@ from electra_tf.config import ConfigError
 from electra_tf.convert import ConversionError, from_pretrained, load_pretrained
 from electra_tf.convert.pretrained import convert, save
 
-REPO = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+from tests.command_lines import one_line_error, start
 
 
 def electra_convert(*args):
-    return subprocess.Popen([sys.executable, "-m", "electra_tf.tools.convert", *map(str, args)], cwd=REPO,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def one_line_error(process):
-    """The one line a refused command printed (exit 1, no traceback)."""
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
-    # TensorFlow's C++ logging, when it was imported, is not the command's.
-    lines = [line for line in stderr.strip().splitlines()
-             if not re.match(r"WARNING: All log messages before absl|[IWE]\d{4} ", line)]
-    assert len(lines) == 1, stderr[-3000:]
-    return lines[0]
+    return start("convert", *args)
 
 
 def tree(root):

@@ -6,33 +6,17 @@ name, while a live export's and a user's folders stay."""
 
 import json
 import os
-import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+from tests.command_lines import one_line_error, start
 
 
 def electra_export(*args):
-    return subprocess.Popen([sys.executable, "-m", "electra_tf.tools.export", *map(str, args)], cwd=REPO,
-                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def one_line_error(process):
-    """The one line a refused command printed (exit 1, no traceback; TensorFlow's C++ log aside)."""
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
-    lines = [line for line in stderr.strip().splitlines()
-             if not re.match(r"WARNING: All log messages before absl|[IWE]\d{4} ", line)]
-    assert len(lines) == 1, stderr[-3000:]
-    return lines[0]
+    return start("export", *args)
 
 
 def test_bad_versions_and_export_bases_are_refused_before_tensorflow_loads(tmp_path):

@@ -1,0 +1,30 @@
+"""Running an `electra-*` command as a user does (a subprocess of its tool module) and reading the
+one line a refused command prints."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+
+
+def start(tool: str, *args) -> subprocess.Popen:
+    """`python -m electra_tf.tools.TOOL ARGS...`, started in the repository, output captured."""
+    return subprocess.Popen([sys.executable, "-m", f"electra_tf.tools.{tool}", *map(str, args)], cwd=REPO,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def one_line_error(process: subprocess.Popen) -> str:
+    """The one line a refused command printed (exit 1, no traceback; TensorFlow's C++ log and
+    absl's log lines aside, which are not the command's)."""
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1 and "Traceback" not in stderr, stderr[-3000:]
+    lines = [line for line in stderr.strip().splitlines()
+             if not re.match(r"WARNING: All log messages before absl|[IWE]\d{4} ", line)]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
