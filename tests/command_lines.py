@@ -28,3 +28,15 @@ def one_line_error(process: subprocess.Popen) -> str:
              if not re.match(r"WARNING: All log messages before absl|[IWE]\d{4} ", line)]
     assert len(lines) == 1, stderr[-3000:]
     return lines[0]
+
+
+def snapshot(folder) -> dict:
+    """relative path -> bytes (a link: its target, not followed) of everything under `folder`,
+    hidden names included: equal snapshots before and after mean nothing there changed."""
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = (os.readlink(path) if os.path.islink(path)
+                                                 else Path(path).read_bytes())
+    return out

@@ -21,6 +21,7 @@ import pytest
 
 from electra_tf import files
 from electra_tf.finetune.saving import load_finetuned
+from tests.command_lines import snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--task=rotten_tomatoes", "--config=electra_tiny", "--max_train_examples=32",
@@ -45,15 +46,7 @@ def staging(model_dir: Path) -> list[Path]:
     return [model_dir / n for n in os.listdir(model_dir) if n.startswith(".best.staging-")]
 
 
-def folder_hashes(folder) -> dict:
-    """relative path -> content (a link: its target) of everything under `folder`."""
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            out[os.path.relpath(path, folder)] = (os.readlink(path) if os.path.islink(path)
-                                                 else Path(path).read_bytes())
-    return out
+folder_hashes = snapshot
 
 
 def check_consistent(model_dir: Path) -> dict:

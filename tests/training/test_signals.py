@@ -17,6 +17,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from tests.command_lines import snapshot
 
 STOP_SECONDS = 5.0  # the promise: a signal is acted on within a few seconds
 
@@ -245,15 +246,7 @@ def finetune_process(vocab, model_dir, *extra) -> Watched:
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
 
 
-def tree(folder) -> dict:
-    """relative path -> bytes (a link: its target) of everything under `folder`, hidden included."""
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = os.path.join(root, name)
-            out[os.path.relpath(path, folder)] = (os.readlink(path) if os.path.islink(path)
-                                                 else open(path, "rb").read())
-    return out
+tree = snapshot
 
 
 def stop_finetuning(vocab, model_dir, signum, *extra) -> Watched:
