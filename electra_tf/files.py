@@ -172,6 +172,19 @@ def own_folder(path) -> Path:
     return path
 
 
+def cannot_write_in(folder) -> str | None:
+    """Why a file cannot be created in the existing `folder` (its strerror), None when one can:
+    tried by creating and removing an exclusive temporary, so it holds for root, read-only
+    mounts and ACLs alike, where permission bits alone would say otherwise."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".electra_tf.write_check.", suffix=_TEMP_SUFFIX, dir=str(folder))
+    except OSError as e:
+        return e.strerror
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
 # --- folders: built aside, swapped in ----------------------------------------------------------
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

@@ -51,7 +51,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Callable, Sequence
 
@@ -145,13 +144,9 @@ def check_output_dir(output_dir: str, inputs: Sequence[str], input_files: Sequen
         stats = os.path.join(out, STATS_DIR)
         if os.path.lexists(stats):
             files.own_folder(stats)  # a link or a file there: LinkedFolderError, nothing made
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".electra_tf.write_check.", suffix=".tmp", dir=out)
-        except OSError as e:
-            raise BadInputError(f"--output_dir {output_dir} is not writable ({e.strerror})") \
-                from None
-        os.close(fd)
-        os.remove(probe)
+        reason = files.cannot_write_in(out)
+        if reason:
+            raise BadInputError(f"--output_dir {output_dir} is not writable ({reason})")
     elif not os.access(existing, os.W_OK | os.X_OK) or \
             os.statvfs(existing).f_flag & os.ST_RDONLY:
         raise BadInputError(f"--output_dir {output_dir} cannot be created: {existing} is not "

@@ -34,12 +34,13 @@ import dataclasses
 import glob
 import gzip
 import os
-import tempfile
 import time
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
+
+from electra_tf.files import cannot_write_in
 
 MAX_UNIT_LINES = 10_000
 
@@ -199,14 +200,8 @@ def output_problem(output: str, files: Sequence[str], inputs: Sequence[str] = ()
             if os.path.commonpath([inside, os.path.realpath(folder)]) == inside:
                 return (f"inside the input folder {given}, where the next run on the same inputs "
                         "would read it as text; write it elsewhere")
-    name = os.path.basename(target)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    except OSError as e:
-        return f"cannot create a file in {folder} ({e.strerror})"
-    os.close(fd)
-    os.unlink(probe)
-    return None
+    reason = cannot_write_in(folder)
+    return f"cannot create a file in {folder} ({reason})" if reason else None
 
 
 def _same_file(a: str, b: str) -> bool:
