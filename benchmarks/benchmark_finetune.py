@@ -4,7 +4,7 @@ split into where it goes, printed as a table.
   python -m benchmarks.benchmark_finetune [--init_checkpoint=DIR] [--vocab_file=vocab.txt]
       [--seeds=3] [--epochs=1] [--train_examples=7684]
 
-Each seed fine-tunes the demo's encoder (`electra_tf.demo`: 4 layers, 128 wide, with the demo's
+Each seed fine-tunes the demo's encoder (`electra_tf.experiments.demo`: 4 layers, 128 wide, with the demo's
 model overrides; or the discriminator at --init_checkpoint) on Rotten Tomatoes "train" and scores
 "dev", as the demo does, one seed after another in this process. Columns, per seed:
 "set-up" (encoder, tokenization, model and optimizer built), "train+eval" (the steps and the
@@ -42,7 +42,7 @@ def _frequency_vocab(path: str) -> str:
 
 def main(argv):
     del argv
-    from electra_tf import demo
+    from electra_tf.experiments import demo
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
     from electra_tf.finetune.trainer import finetune, resolve_strategy
 

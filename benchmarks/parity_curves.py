@@ -13,7 +13,7 @@ restrict it to some runs. `--workers=2 --threads=1` trains two runs at once, one
 cores about 15% more steps per second than one run on both. Each run's output goes to its
 folder's `log.txt`; the tool prints the steps done, the rate and the ETA every minute.
 
-The recipe defaults to the demo's (`electra_tf/demo.py`): `configs/electra_demo.json` with every
+The recipe defaults to the demo's (`electra_tf/experiments/demo.py`): `configs/electra_demo.json` with every
 weight tied (generator as wide as the discriminator), batch 32 x 64 tokens, peak lr 3e-4, warmup
 6% of the steps, Adam beta_2 0.98, weight decay 0.01, clip 1.0, dropout 0.1. Seed s sets each
 side's initialisation, dropout and masking, and the input order: both sides read the shards in

@@ -20,9 +20,9 @@ LAYERS = [
     {"training", "__init__"},
     {"finetune"},
     {"export", "keras_objects"},
-    {"scoring", "demo"},
+    {"scoring"},
     {"electric_export"},
-    {"replication", "ranking"},
+    {"experiments"},
     {"tools", "configs"},
 ]
 RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}

@@ -1,4 +1,4 @@
-"""The main job on the embedded corpus: `make demo` (see electra_tf/demo.py for the stages).
+"""The main job on the embedded corpus: `make demo` (see electra_tf/experiments/demo.py for the stages).
 
   python -m electra_tf.tools.demo [--workdir=runs/demo] [--scale=1.0]
 
@@ -9,14 +9,15 @@ whole chain in a couple of minutes. Rerunning reuses the finished stages.
 SIGTERM or SIGINT stops the demo after the running stage keeps what it can (pretraining: a
 checkpoint at the step reached, within about a second); no next stage starts. One line names
 the stage, and the exit status is 128 + the signal (143, 130): a stopped demo is not a finished
-one. The same command then resumes the stopped stage to its end (electra_tf/demo.py).
+one. The same command then resumes the stopped stage to its end (electra_tf/experiments/demo.py).
 """
 
 import sys
 
 from absl import app, flags
 
-from electra_tf import cli, demo
+from electra_tf import cli
+from electra_tf.experiments import demo
 from electra_tf.training.preemption import Interrupted
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where every stage writes.")

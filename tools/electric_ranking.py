@@ -1,5 +1,5 @@
 """Trains a small Electric model on the embedded corpus and checks its sentence scores: how often
-a held-out IMDB sentence outscores the same words shuffled (electra_tf/ranking.py).
+a held-out IMDB sentence outscores the same words shuffled (electra_tf/experiments/ranking.py).
 
   python -m electra_tf.tools.electric_ranking --workdir=runs/electric_ranking [--steps=6000] \
       [--num_documents=4000] [--batch_size=64] [--learning_rate=1e-3] [--num_sentences=500]
@@ -12,7 +12,7 @@ import json
 
 from absl import app, flags
 
-from electra_tf.ranking import RankingConfig, run
+from electra_tf.experiments.ranking import RankingConfig, run
 
 _D = RankingConfig()
 _WORKDIR = flags.DEFINE_string("workdir", _D.workdir, "Data and run folder.")

@@ -5,7 +5,7 @@
       [--eval_split=dev|tune|cv] [--target_gain=3]
 
 Writes results.json, results.md (the table) and accuracy_vs_compute.png into --workdir.
-See electra_tf/replication.py for the protocol. Rerunning reuses finished runs.
+See electra_tf/experiments/replication.py for the protocol. Rerunning reuses finished runs.
 """
 
 import json
@@ -13,7 +13,8 @@ import sys
 
 from absl import app, flags
 
-from electra_tf import cli, replication
+from electra_tf import cli
+from electra_tf.experiments import replication
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/replication", "Output folder.")
 _VARIANTS = flags.DEFINE_list(
@@ -35,7 +36,7 @@ _SPLIT = flags.DEFINE_enum("eval_split", "dev", ["dev", "tune", "cv"],
 _CORPUS = flags.DEFINE_float("corpus_scale", 1.0, "Fraction of the IMDB reviews to pack.")
 _RECIPE = flags.DEFINE_list(
     "recipe", [], "Pretraining recipe changes, e.g. pretrain_learning_rate=2e-4 (fields of "
-    "electra_tf.demo.DemoConfig: pretrain_learning_rate, pretrain_adam_beta_2, "
+    "electra_tf.experiments.demo.DemoConfig: pretrain_learning_rate, pretrain_adam_beta_2, "
     "pretrain_warmup_fraction, pretrain_batch_size, vocab_size, vocab_documents_at_scale_1).")
 _OVERRIDE = flags.DEFINE_list(
     "override", [], "Demo model config changes, e.g. mask_prob=0.25,generator_hidden_size=0.125.")

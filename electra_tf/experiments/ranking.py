@@ -6,7 +6,7 @@ the same WordPieces, so a bag-of-words score cannot tell them apart; Electric's 
 accuracy is the fraction of sentences whose real order scores strictly higher.
 
 `run(RankingConfig(...))` builds the data as the demo does (the first IMDB reviews, a learned
-WordPiece vocab, shards; `electra_tf.demo`), pretrains the demo model with objective "electric",
+WordPiece vocab, shards; `electra_tf.experiments.demo`), pretrains the demo model with objective "electric",
 and scores sentences of the LAST reviews of the corpus, which the training never reads.
 
 Example:
@@ -66,7 +66,7 @@ class RankingConfig:
                              f"held-out reviews follow), got {self.num_documents}")
 
     def demo_config(self):
-        from electra_tf.demo import DemoConfig
+        from electra_tf.experiments.demo import DemoConfig
 
         return DemoConfig(
             workdir=self.workdir, scale=self.num_documents / 25_000,
@@ -129,7 +129,7 @@ def ranking_accuracy(scorer, sentences, seed: int = 0, batch_size: int = 64) -> 
 def run(config: RankingConfig) -> dict:
     """Data, Electric pretraining, the check; returns (and writes to workdir/ranking.json) the
     accuracy with the run's steps and wall times."""
-    from electra_tf import demo
+    from electra_tf.experiments import demo
     from electra_tf.scoring import Scorer
 
     cfg = config.demo_config()

@@ -24,7 +24,7 @@ import os
 import statistics
 from pathlib import Path
 
-from electra_tf import demo
+from electra_tf.experiments import demo
 
 VARIANTS = ("electra", "mlm", "electra_15", "replace_mlm", "all_tokens_mlm")  # Table 5: the default
 # Electric (Clark et al., EMNLP 2020) as one more objective at the same budget: opt-in.
