@@ -44,7 +44,8 @@ def main(argv):
     del argv
     from electra_tf.experiments import demo
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
-    from electra_tf.finetune.trainer import finetune, resolve_strategy
+    from electra_tf.finetune.seeds import finetune
+    from electra_tf.finetune.trainer import resolve_strategy
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_bench_ft_")
     vocab = _VOCAB.value or _frequency_vocab(os.path.join(work, "vocab.txt"))

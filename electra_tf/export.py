@@ -684,7 +684,7 @@ def check_finetuned_files(path) -> None:
 def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
                      version: int | None = None, pair: bool | None = None, ids_only: bool = False,
                      verbose: bool = True) -> str:
-    """Export what `trainer.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
+    """Export what `seeds.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
     from electra_tf.config import ConfigError
     from electra_tf.convert.common import ConversionError, one_line

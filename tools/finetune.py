@@ -20,7 +20,7 @@ accents, or not) comes from the checkpoint (`electra_tf/data/casing.py`) unless 
 --nolower_case is given. Writes `--model_dir/results.json` with the median and spread over
 seeds and the fine-tuned model to `--model_dir/best/` (with several seeds, each seed's run in
 `--model_dir/seed_<s>/` and `best/` a copy of the best seed's); the layout is in
-`electra_tf/finetune/trainer.py`. `~` is expanded in every path flag.
+`electra_tf/finetune/publishing.py`. `~` is expanded in every path flag.
 """
 
 import math
@@ -143,7 +143,7 @@ def main(argv):
         raise SystemExit(f"electra-finetune: error: {e}") from None
     from electra_tf.config import ConfigError
     from electra_tf.finetune.examples import TaskDataError
-    from electra_tf.finetune.trainer import run_seeds, task_from_options
+    from electra_tf.finetune.seeds import run_seeds, task_from_options
     from electra_tf.training.loop import NonFiniteLossError
     from electra_tf.training.preemption import Interrupted
     from electra_tf.training.strategy import StrategyError, create_strategy
@@ -165,7 +165,7 @@ def main(argv):
     except (TaskDataError, ConfigError, StrategyError, FileNotFoundError, ValueError,
             NonFiniteLossError) as e:
         raise SystemExit(f"electra-finetune: error: {e}")
-    except Interrupted as e:  # SIGTERM / SIGINT: one line, 143 / 130 (trainer.py)
+    except Interrupted as e:  # SIGTERM / SIGINT: one line, 143 / 130 (finetune/seeds.py)
         print(f"electra-finetune: {e}", file=sys.stderr)
         sys.exit(e.code)
     for name, s in results["summary"].items():

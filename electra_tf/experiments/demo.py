@@ -308,7 +308,7 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
     `cfg.model_overrides`, the shape of the pretrained one it is compared with.
     """
     from electra_tf.finetune.task_data import rotten_tomatoes_examples
-    from electra_tf.finetune.trainer import run_seeds, summarize
+    from electra_tf.finetune.seeds import run_seeds, summarize
 
     if eval_split not in ("dev", "tune", "cv"):
         raise ValueError(f"eval_split: expected 'dev', 'tune' or 'cv', got {eval_split!r}")

@@ -125,7 +125,7 @@ class FinetuningHead(keras.Model):
         """Keras' loss hook: the fine-tuning loop's loss (float32 scalar) for this batch.
 
         `per_example_loss` summed and divided by the global batch (this batch times the
-        replicas), as `trainer.step_fn`: the replicas' gradients add up to the gradient of the
+        replicas), as `train_step.step_fn`: the replicas' gradients add up to the gradient of the
         global-batch mean. `sample_weight` [batch] scales each example's loss; the sum is still
         divided by the batch size (Keras' "sum_over_batch_size"), not by the weights' sum.
         """

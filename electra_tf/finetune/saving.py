@@ -1,4 +1,4 @@
-"""The fine-tuned model on disk: `best/`, what `trainer.finetune` writes, `load_finetuned` and the
+"""The fine-tuned model on disk: `best/`, what `seeds.finetune` writes, `load_finetuned` and the
 exporter (`export.py`) read.
 
 Words used across the package: a fine-tuned model is its *head* (the Keras model of `heads.py`,
@@ -22,7 +22,7 @@ Layout:
       submission/        GLUE test predictions of this model (GLUE tasks with test files)
       finetuning_config.json, results.json, predictions/
                          what the trainer writes with the model: the run that made it
-                         (`trainer.py`'s layout)
+                         (`publishing.py`'s layout)
 
 Example:
     head, description, vocab_file = load_finetuned("ft/rt")  # a run's model_dir, or its best/
@@ -157,9 +157,9 @@ def describe_finetuned(head, task: Task, fc: FinetuningConfig, **fields) -> Fine
 def save_finetuned(head, folder, description: FinetunedModelConfig, vocab_file) -> Path:
     """Writes `head` in the `best/` layout of the module docstring, described by `description`
     (`describe_finetuned`), into `folder`: made when missing, its model files replaced, the rest
-    kept (the trainer gives a private staging folder that already holds the run's config and
-    predictions, published as `best/` when the run is complete). `head_config.json` is written
-    last: a folder with it holds a complete model."""
+    kept (the run folder, `publishing.FinetuningFolder`, gives a private staging folder that
+    already holds the run's config and predictions, published as `best/` when the run is
+    complete). `head_config.json` is written last: a folder with it holds a complete model."""
     import tensorflow as tf
 
     folder = Path(folder)

@@ -16,7 +16,7 @@ from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.tasks import Task
 from electra_tf.finetune.examples import SentenceExample
 from electra_tf.finetune.saving import load_finetuned
-from electra_tf.finetune.trainer import finetune
+from electra_tf.finetune.seeds import finetune
 from electra_tf.models import Discriminator
 
 CASED_TEXT = ["Apple sells the apple pie .", "An apple a day , said Apple .",

@@ -186,7 +186,7 @@ def test_multiple_choice_loss_is_cross_entropy_over_the_choices_present():
 def test_training_step_minimises_the_mean_loss_of_the_global_batch():
     """The loop's loss is the per-example losses summed over the global batch and divided by
     its size: a step over the whole set (any order) reports their NumPy mean."""
-    from electra_tf.finetune.trainer import _train_step, create_finetuning_optimizer
+    from electra_tf.finetune.train_step import create_finetuning_optimizer, make_train_step
 
     rng = np.random.default_rng(5)
     ids, mask = _ids(rng, (8, 12))
@@ -198,8 +198,8 @@ def test_training_step_minimises_the_mean_loss_of_the_global_batch():
     optimizer = create_finetuning_optimizer(FinetuningConfig(), 2, total_steps=10)
     for jit_compile in (False, True):  # the graph and the XLA-compiled step (weights unchanged:
         # the first update's learning rate is 0, the warmup's start)
-        step, path = _train_step(head, optimizer, tf.distribute.get_strategy(), f, batch=8,
-                                 seed=0, jit_compile=jit_compile)
+        step, path = make_train_step(head, optimizer, tf.distribute.get_strategy(), f, batch=8,
+                                     seed=0, jit_compile=jit_compile)
         assert path.jit_compile == jit_compile
         np.testing.assert_allclose(float(step()), want, rtol=1e-5)
 
@@ -232,7 +232,7 @@ def _roles(head) -> dict:
 def test_weight_decay_on_every_kernel_and_embedding_and_no_norm_or_bias(name):
     """One step of the fine-tuning optimizer with zero gradients moves a variable by weight
     decay alone: the kernels and embeddings shrink, LayerNorm, biases and output biases stay."""
-    from electra_tf.finetune.trainer import create_finetuning_optimizer
+    from electra_tf.finetune.train_step import create_finetuning_optimizer
 
     head = _head(name)
     roles = _roles(head)

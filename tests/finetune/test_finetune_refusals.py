@@ -133,7 +133,7 @@ def test_a_batch_larger_than_the_training_data_is_refused_before_the_model_is_bu
 
 
 def test_an_eval_batch_or_a_length_beyond_the_data_or_the_model_is_refused(tmp_path, tiny_config, vocab_file):
-    from electra_tf.finetune.trainer import finetune
+    from electra_tf.finetune.seeds import finetune
 
     def run(**overrides):
         with pytest.raises(ValueError) as info:
@@ -197,7 +197,7 @@ def test_malformed_task_files_name_file_and_line(tmp_path, family, name, content
     (as the test above shows)."""
     from electra_tf.finetune.examples import TaskDataError
     from electra_tf.finetune.task_data import infer_label_names, read_file
-    from electra_tf.finetune.trainer import task_from_options
+    from electra_tf.finetune.seeds import task_from_options
 
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())

@@ -296,15 +296,34 @@ def test_binary_mrpc_data_dir_writes_the_submission(glue_data, tmp_path, vocab_f
     assert {"f1", "accuracy"} <= set(results["summary"])
 
 
-def test_mnli_evaluates_both_dev_sets_and_writes_three_submissions(glue_data, tmp_path, tiny_config, vocab_file):
+def test_mnli_evaluates_both_dev_sets_and_writes_three_submissions(glue_data, tmp_path, tiny_config,
+                                                                   vocab_file, monkeypatch):
+    from electra_tf.convert import names
+    from electra_tf.finetune import seeds
     from electra_tf.finetune.config import FinetuningConfig
     from electra_tf.finetune.saving import load_finetuned
-    from electra_tf.finetune.trainer import run_seeds
 
+    # Spies (each calls the real function): the checkpoint and the strategy are resolved once
+    # for the run, and every seed gets that same run.
+    calls, runs = [], []
+
+    def spy(name, real):
+        def call(*args, **kwargs):
+            calls.append(name)
+            if name == "seed":
+                runs.append(args[0])
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(names, "resolve_checkpoint", spy("checkpoint", names.resolve_checkpoint))
+    monkeypatch.setattr(seeds, "resolve_strategy", spy("strategy", seeds.resolve_strategy))
+    monkeypatch.setattr(seeds, "finetune_seed", spy("seed", seeds.finetune_seed))
     fc = FinetuningConfig(num_train_epochs=1, train_batch_size=2, eval_batch_size=4, max_seq_length=32)
     lines = []
-    results = run_seeds("mnli", tiny_config, fc, model_dir=tmp_path / "mnli", num_seeds=2,
-                        data_dir=glue_data, vocab_file=vocab_file, log=lines.append)
+    results = seeds.run_seeds("mnli", tiny_config, fc, model_dir=tmp_path / "mnli", num_seeds=2,
+                              data_dir=glue_data, vocab_file=vocab_file, log=lines.append)
+    assert sorted(calls) == ["checkpoint", "seed", "seed", "strategy"], calls
+    assert runs[0] is runs[1] and [r["seed"] for r in results["runs"]] == [0, 1]
     for run in results["runs"]:
         assert {"accuracy", "main", "dev_mismatched_accuracy"} <= set(run["best"])
         assert set(run["history"][0]) >= {"accuracy", "dev_mismatched_accuracy"}

@@ -1,7 +1,7 @@
 """The heads as Keras models: `fit` and `evaluate` on (inputs, labels), `save` / `load_model`.
 
 One head of each task family on a synthetic fixed batch (tiny encoder, 64-token vocabulary, dropout
-off). The fine-tuning loop's loss is `trainer.step_fn`'s: per-example losses summed over the
+off). The fine-tuning loop's loss is `train_step.step_fn`'s: per-example losses summed over the
 batch, divided by the batch size; `fit` must report exactly that, weights included.
 """
 
@@ -81,7 +81,7 @@ def make_features(family, seed=0):
 
 
 def loop_loss(head, f, sample_weight=None):
-    """`trainer.step_fn`'s loss on the batch (times per-example weights when given)."""
+    """`train_step.step_fn`'s loss on the batch (times per-example weights when given)."""
     inputs, _ = head.split_labels(f)
     losses = head.per_example_loss(f, head(inputs, training=True))
     if sample_weight is not None:

@@ -12,7 +12,7 @@ import tensorflow as tf
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
 from electra_tf.finetune.heads import SentenceClassifier, SpanQuestionAnswerer
-from electra_tf.finetune.trainer import create_finetuning_optimizer
+from electra_tf.finetune.train_step import create_finetuning_optimizer
 from electra_tf.training.optimizer import layer_depth
 
 DECAY, LR = 0.8, 1e-3

@@ -17,7 +17,7 @@ from electra_tf.finetune.heads import MultipleChoiceClassifier
 from electra_tf.finetune.task_data import load_examples
 from electra_tf.finetune.examples import SentenceExample, TaskDataError
 from electra_tf.finetune.saving import load_finetuned
-from electra_tf.finetune.trainer import finetune, task_from_options
+from electra_tf.finetune.seeds import finetune, task_from_options
 
 TASK = task_from_options("multiple_choice")
 

@@ -24,8 +24,8 @@ from electra_tf.finetune.heads import SentenceClassifier, SpanQuestionAnswerer
 from electra_tf.finetune.task_data import rotten_tomatoes_examples
 from electra_tf.finetune.examples import TaskDataError
 from electra_tf.finetune.saving import load_finetuned
-from electra_tf.finetune.trainer import (
-    finetune, load_encoder_weights, summarize, task_from_options)
+from electra_tf.finetune.encoder_weights import load_encoder_weights
+from electra_tf.finetune.seeds import finetune, summarize, task_from_options
 from electra_tf.models import Discriminator
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
 def test_fewer_examples_than_a_batch_take_a_real_step(tmp_path, tiny_config, vocab_file, rt_balanced):
     """5 examples, batches of 16: one step, at the peak learning rate (a warmup under one step
     would leave it at 0), and a warning that says why the batch repeats examples."""
-    from electra_tf.finetune.trainer import warmup_steps
+    from electra_tf.finetune.train_step import warmup_steps
 
     assert warmup_steps(FC, 8) == 0.0 and warmup_steps(FC, 100) == pytest.approx(10.0)
     lines = []
