@@ -19,6 +19,7 @@ LAYERS = [
     {"convert"},
     {"training", "__init__"},
     {"finetune"},
+    {"signatures"},
     {"export", "keras_objects"},
     {"scoring"},
     {"electric_export"},

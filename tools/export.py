@@ -24,8 +24,8 @@ reads version folders as int64) or one that exists in EXPORT_BASE/MODEL_NAME (ve
 overwritten or replaced: export to another version, or to the next free one without --version),
 and an --export_base that is a file, under a file, or not writable.
 
-Signatures, the custom-op report and the TF Serving versions that can load the result:
-`electra_tf/export.py` and `serving/README.md`.
+Signatures: `electra_tf/signatures.py`; the custom-op report and the TF Serving versions that can
+load the result: `electra_tf/export.py` and `serving/README.md`.
 """
 
 import os

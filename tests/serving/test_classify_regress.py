@@ -1,5 +1,5 @@
 """TF Serving's Classify and Regress APIs: the `classify` / `regress` signatures the exporter writes
-(electra_tf/export.py) and the server's REST :classify / :regress and gRPC Classify / Regress /
+(electra_tf/signatures.py) and the server's REST :classify / :regress and gRPC Classify / Regress /
 MultiInference (serving/inference_api.py), against serving_default on the same texts.
 
 The exports are random-initialised tiny heads whose output layers get large weights, so that the

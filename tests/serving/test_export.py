@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
+from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.tokenizer import WordpieceTokenizer
 from electra_tf.finetune import features as F
 from electra_tf.finetune.config import FinetuningConfig
@@ -82,7 +83,7 @@ def _amplify(head, seed):
 
 
 def _inputs(arrays):
-    return {k: tf.constant(arrays[k]) for k in E.INPUT_KEYS}
+    return {k: tf.constant(arrays[k]) for k in INPUT_KEYS}
 
 
 def _numpy(outputs):
@@ -296,7 +297,7 @@ def fresh_process(cases, exports, tmp_path_factory):
     work = tmp_path_factory.mktemp("loader")
     request = {name: {"path": exports[name], "signatures": {
         "serving_default": cases[name].text_inputs,
-        "serve_ids": {k: cases[name].ids[k].tolist() for k in E.INPUT_KEYS}}} for name in cases}
+        "serve_ids": {k: cases[name].ids[k].tolist() for k in INPUT_KEYS}}} for name in cases}
     return _load_in_fresh_process(work, request)
 
 
@@ -316,7 +317,7 @@ def test_truncated_pair_lengths_match_truncate_seq_pair():
 
 
 def _assert_rows(got, want_rows, err_msg=""):
-    for k, key in enumerate(E.INPUT_KEYS):
+    for k, key in enumerate(INPUT_KEYS):
         np.testing.assert_array_equal(np.asarray(got[key]), np.array([w[k] for w in want_rows]),
                                       err_msg=f"{key} {err_msg}")
 
@@ -338,7 +339,7 @@ def test_pack_sentences_to_the_longest_row(tokenizer):
             want = pre.pack_sentences(tf.constant(texts), tf.constant(pair) if pair else None)
             got = pre.pack_sentences(tf.constant(texts), tf.constant(pair) if pair else None, pad_to_longest=True)
             width = int(np.asarray(want["input_mask"]).sum(1).max())
-            for key in E.INPUT_KEYS:
+            for key in INPUT_KEYS:
                 np.testing.assert_array_equal(got[key], np.asarray(want[key])[:, :width], err_msg=key)
             widths.append(width)
     assert max(widths[:2]) < SEQ and widths[2:] == [SEQ, SEQ]
@@ -372,7 +373,7 @@ def test_pack_qa_equals_first_window_of_featurize_qa(tokenizer):
         query = reference.pieces(tokenizer, QA[i][0])[:4]
         context = [p for p, *_ in reference.context_pieces(tokenizer, QA[i][1])][: 20 - 3 - len(query)]
         want = reference.pack_segments(query, context, 20, tokenizer.cls_id, tokenizer.sep_id)
-        for k, key in enumerate(E.INPUT_KEYS):
+        for k, key in enumerate(INPUT_KEYS):
             np.testing.assert_array_equal(got[key][i], getattr(window, key), err_msg=key)
             np.testing.assert_array_equal(got[key][i], want[k], err_msg=key)
         offset, n = int(spans["doc_offset"][i]), int((window.token_to_word >= 0).sum())
@@ -438,7 +439,7 @@ def test_raw_rows_train_and_serve_on_the_same_ids(cased, vocab_file, cased_vocab
     fc = FinetuningConfig(max_seq_length=SEQ)
     train = get_family("classification").featurize(task, examples, tokenizer, fc, training=True).arrays
     want = [reference.sentence(tokenizer, e.text, e.text_pair, SEQ) for e in examples]
-    for k, key in enumerate(E.INPUT_KEYS):
+    for k, key in enumerate(INPUT_KEYS):
         np.testing.assert_array_equal(train[key], np.array([w[k] for w in want]), err_msg=key)
     mask = train["input_mask"]
     assert mask[0].sum() == SEQ and mask[1:4].sum(1).tolist() == [SEQ] * 3  # the limit, and cut to it
@@ -452,7 +453,7 @@ def test_raw_rows_train_and_serve_on_the_same_ids(cased, vocab_file, cased_vocab
     save_finetuned(head, folder / "best", describe_finetuned(head, task, fc, lower_case=not cased), vocab)
     path = E.export_finetuned(str(folder), str(tmp_path / "export"), "rows", verbose=False)
     # Control: each row with its last real token dropped (one id, its mask and segment).
-    probe = {key: train[key].copy() for key in E.INPUT_KEYS}
+    probe = {key: train[key].copy() for key in INPUT_KEYS}
     last = probe["input_mask"].sum(1) - 1
     for key, value in (("input_ids", tokenizer.pad_id), ("input_mask", 0), ("segment_ids", 0)):
         probe[key][np.arange(len(rows)), last] = value
@@ -460,8 +461,8 @@ def test_raw_rows_train_and_serve_on_the_same_ids(cased, vocab_file, cased_vocab
     pairs = [e.text_pair for e in examples]
     request = {"rows": {"path": path, "signatures": {
         "serving_default": {"text": texts, "text_pair": pairs},
-        "serve_ids": {k: train[k].tolist() for k in E.INPUT_KEYS}}},
-        "probe": {"path": path, "signatures": {"serve_ids": {k: probe[k].tolist() for k in E.INPUT_KEYS}}}}
+        "serve_ids": {k: train[k].tolist() for k in INPUT_KEYS}}},
+        "probe": {"path": path, "signatures": {"serve_ids": {k: probe[k].tolist() for k in INPUT_KEYS}}}}
     result = _load_in_fresh_process(tmp_path, request)["models"]
     served = np.array(result["rows"]["serving_default"]["probabilities"])
     trained = np.array(result["rows"]["serve_ids"]["logits"])
@@ -536,7 +537,7 @@ def test_signatures_and_assets(exports, vocab_file):
     assert report["signatures"]["serving_default"] == {
         "inputs": {"text": "string[?]", "text_pair": "string[?]"},
         "outputs": {"label": "string[?]", "probabilities": "float32[?, 2]", "truncated": "bool[?]"}}
-    assert report["signatures"]["serve_ids"]["inputs"] == {k: "int32[?, ?]" for k in E.INPUT_KEYS}
+    assert report["signatures"]["serve_ids"]["inputs"] == {k: "int32[?, ?]" for k in INPUT_KEYS}
     assert list(json.load(open(os.path.join(exports["classification"], E.EXPORT_REPORT)))
                 ["signatures"]["serving_default"]["inputs"]) == ["text"]
     qa = json.load(open(os.path.join(exports["qa"], E.EXPORT_REPORT)))["signatures"]
@@ -577,7 +578,7 @@ def test_sentence_signature_specs(exports, name):
 
 
 def _ids_inputs(seq=None):
-    return {k: ([None, seq], "int32") for k in E.INPUT_KEYS}
+    return {k: ([None, seq], "int32") for k in INPUT_KEYS}
 
 
 # Every export's two signatures: input and output names, shapes and dtypes. Read from the exports
@@ -614,7 +615,7 @@ SIGNATURES = {
         "serving_default": ({"context": ([None], "string"), "choices": ([None, None], "string")},
                             {"probabilities": ([None, None], "float32"), "choice": ([None], "int32"),
                              "answer": ([None], "string")}),
-        "serve_ids": ({k: ([None, None, None], "int32") for k in E.INPUT_KEYS},
+        "serve_ids": ({k: ([None, None, None], "int32") for k in INPUT_KEYS},
                       {"logits": ([None, None], "float32")})},
 }
 
@@ -990,7 +991,7 @@ def test_export_follows_the_vocabularys_casing(tmp_path):
         assert (ids["input_ids"][0] != ids["input_ids"][1]).any() != lower_case
         request[name] = {"path": path, "signatures": {
             "serving_default": {"text": texts},
-            "serve_ids": {k: ids[k].tolist() for k in E.INPUT_KEYS}}}
+            "serve_ids": {k: ids[k].tolist() for k in INPUT_KEYS}}}
     served = _load_in_fresh_process(tmp_path, request)["models"]
     for name in ("cased", "uncased"):
         from_text = np.array(served[name]["serving_default"]["probabilities"])

@@ -208,7 +208,7 @@ class TaskFamily:
     def example_signatures(self, head, description) -> dict:
         """TF Serving's Classify / Regress signatures of this family: {signature name: function
         from the text signature's outputs to the API's outputs}, {} for none. The export parses
-        the `tf.Example`s into the text signature's inputs (`export._example_signature`)."""
+        the `tf.Example`s into the text signature's inputs (`signatures._example_signature`)."""
         return {}
 
 
