@@ -20,11 +20,16 @@ Each step's own loss is recorded: `train_step` returns the Keras metrics' result
 means since the last reset, so the metrics are reset before every step and the loss tracker's
 result is then that step's loss alone.
 
-Run to run, TensorFlow on CPU is bitwise reproducible only single-threaded: with its default thread
-pools two runs of the same library differ in the last bits within a few steps (then by ~1e-5
-relative, as training amplifies them), and `tf.config.experimental.enable_op_determinism()` does
-not change that. So compare two libraries with `--threads=1` on both sides, where a difference is
-the libraries' own.
+Run to run, TensorFlow on CPU is not always bitwise reproducible, and which runs are depends on
+the model and the CPU. Measured on a 2-core AVX-512 EPYC (2026-11-29): the demo model
+(`--config=electra_demo --batch_size=32 --seq_length=64`, TensorFlow's default threads) gave the
+same 40 losses bit for bit in two runs, and so did two versions of the library; ELECTRA-Small at
+`--threads=1` did not (two runs of one library first differed at step 5-9, by at most ~6e-7
+relative over 30 steps, with oneDNN on or off); an earlier day's machine was reproducible
+single-threaded only, its default thread pools differing within a few steps (~1e-5 relative later).
+`tf.config.experimental.enable_op_determinism()` does not change that. So before calling a
+difference between two libraries their own, run one library twice with the same flags: the demo
+model's trajectory is the bitwise check; a larger model's is a ~1e-6 one.
 
 The JSON written: config, steps, batch_size, seq_length, vocab_size, mixed_precision, seed,
 threads, tensorflow, keras, electra_tf_file (which library ran: the file of the
