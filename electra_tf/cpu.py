@@ -10,7 +10,7 @@ step therefore ran on the AVX-only Eigen kernels: that, not the instruction set,
 pretraining step was 0.63x PyTorch's there. `enable_onednn` (run when `electra_tf` is
 imported) sets TF_ENABLE_ONEDNN_OPTS=1 for such CPUs, before TensorFlow reads it; a value the
 user set is left alone (`TF_ENABLE_ONEDNN_OPTS=0` turns the kernels off again).
-Measured in BUILD.md ("Fast on every CPU kind").
+Measured in docs/benchmarks.md ("Fast on every CPU kind").
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ _SEED = flags.DEFINE_integer("seed", None, "Initialisation, masking, dropout and
 _TIMEOUT = flags.DEFINE_float("strategy_timeout", 30.0, "Seconds to reach a TPU.")
 _CHECK_SHARDS = flags.DEFINE_bool(
     "check_shards", True, "Before step 1, read every record of every shard (framing, both CRCs, "
-    "each a tf.Example at --max_seq_length); ~4 s per GB on 2 CPU cores (BUILD.md).")
+    "each a tf.Example at --max_seq_length); ~4 s per GB on 2 CPU cores (docs/benchmarks.md).")
 _SKIP_CORRUPT = flags.DEFINE_bool(
     "skip_corrupt_records", False, "Read a damaged shard up to its first damaged record instead "
     "of failing; the records skipped are logged and summarised (data/corrupt_records_skipped).")

@@ -76,7 +76,7 @@ def intra_op_threads(requested: int, concurrent_calls: int, cores: int) -> int:
 
     TF Serving's 0 lets every call use every core. Here the calls run at once are bounded
     (`serving.batching`), and on a loaded server two calls that each spread tiny ops over all
-    cores only wait for each other: measured with `benchmarks/load_test_serving.py` on 2 cores (BUILD.md),
+    cores only wait for each other: measured with `benchmarks/load_test_serving.py` on 2 cores (docs/benchmarks.md),
     one thread per call answered a lone client faster (p50 7.8 vs 10.6 ms) and 8 loaded clients
     with a p99 of 52 instead of 80 ms.
     """

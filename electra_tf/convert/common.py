@@ -432,8 +432,8 @@ def output_folder_problem(path, *, built_beside: bool = False) -> str | None:
     where one of its parent folders belongs, or the folder the writing happens in is read-only or
     not writable. That folder is `path` (or, when missing, its nearest existing parent, under
     which the command makes it), or `path`'s parent when the output is `built_beside` it and
-    renamed into place (`files.staged_folder`). Cheap and without side effects, so a command asks
-    before it loads anything. Remote paths: None (no local check means anything there)."""
+    renamed into place (`files.staged_folder`). Cheap (one probe file made and removed), so a
+    command asks before it loads anything. Remote paths: None (no local check means anything there)."""
     if files.is_remote(path):
         return None
     path = os.path.abspath(str(path))
@@ -444,12 +444,9 @@ def output_folder_problem(path, *, built_beside: bool = False) -> str | None:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         return f"{probe} is a file, not a folder"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        try:
-            read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
-        except OSError:
-            read_only = False
-        return f"cannot write in {probe} ({'read-only file system' if read_only else 'permission denied'})"
+    reason = files.cannot_write_in(probe)  # a real write, right for root and read-only mounts
+    if reason is not None:
+        return f"cannot write in {probe} ({reason[:1].lower() + reason[1:]})"
     return None
 
 

@@ -16,7 +16,7 @@ case folding (`FastBertTokenizer(lower_case_nfd_strip_accents=False)`) it only m
 to spaces (tensorflow/text core/kernels/fast_bert_normalizer_model_builder.cc), and `normalize`
 has already deleted every category-C character but tab/newline/CR, which the pre-tokenizer
 splits on anyway: it would change no id or offset (53,539 IMDB reviews and noised copies with
-the BERT uncased vocabulary, cased and uncased: BUILD.md), cost a little time, and add the
+the BERT uncased vocabulary, cased and uncased: docs/restructuring.md), cost a little time, and add the
 `FastBertNormalize` op (TF Text 2.9) that TF Serving 2.11 lacks, so it is left out. Remaining
 known differences from Python's `str.lower()`: Greek final sigma is not context-sensitive.
 

@@ -56,7 +56,7 @@ def dropout(x, rate: float, seed_generator: keras.random.SeedGenerator):
 
     Keras (`tf.nn.experimental.stateless_dropout`) draws one float32 uniform per element; on CPU
     that random-number generation was the largest non-matmul cost of the pretraining step
-    (profile in BUILD.md). Here each 32-bit Philox output decides two elements through its two
+    (profile in docs/benchmarks.md). Here each 32-bit Philox output decides two elements through its two
     16-bit halves: an element is dropped when its half is below round(rate x 65536), so the
     drop rate is that over 65536 (0.1 -> 0.100006) and kept elements are scaled by
     1 / (1 - that rate), keeping the expectation exact. The draw is a pure function of the seed
@@ -149,7 +149,7 @@ class SelfAttention(keras.layers.MultiHeadAttention):
 
     The variables (and so checkpoints and conversion) are exactly Keras' `MultiHeadAttention`'s:
     query/key/value kernels [H, heads, head_dim], output kernel [heads, head_dim, H]. Only the
-    forward pass differs, for speed (profile in BUILD.md): Keras projects Q, K and V with three
+    forward pass differs, for speed (profile in docs/benchmarks.md): Keras projects Q, K and V with three
     einsums, each a batched matmul with its own transposes; here ONE [H, 3H] matmul projects all
     three (the 1/sqrt(head_dim) scale folded into the query kernel), and the scores and the
     weighted sum are batched matmuls over [batch x heads, seq, head_dim]. Padding keys get -10000
@@ -182,7 +182,7 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         qkv = tf.transpose(tf.reshape(qkv, (batch, seq, 3, heads, head_dim)),
                            (2, 0, 3, 1, 4))  # [3, batch, heads, seq, head_dim]
         # Batched matmuls over ONE batch axis (batch x heads): TF's oneDNN kernels ran the 4-D
-        # [batch, heads, ...] form at ~55% of the 3-D one's speed (BUILD.md). Reshapes are free.
+        # [batch, heads, ...] form at ~55% of the 3-D one's speed (docs/benchmarks.md). Reshapes are free.
         qkv = tf.reshape(qkv, (3, batch * heads, seq, head_dim))
         # unstack, not qkv[i]: the gradient of each slice would be a full-size zero-padded tensor.
         query, key, value = tf.unstack(qkv)

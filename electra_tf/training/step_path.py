@@ -1,6 +1,6 @@
 """Which compilation the train step runs with on this CPU: a plain `tf.function` graph or XLA.
 
-Neither is faster everywhere. Measured with `benchmarks/benchmark_pretrain.py` (BUILD.md, "Fast
+Neither is faster everywhere. Measured with `benchmarks/benchmark_pretrain.py` (docs/benchmarks.md, "Fast
 on every CPU kind"): with TensorFlow's oneDNN kernels on (`electra_tf/cpu.py`), the graph beat
 XLA by 1.07-1.16x on an AVX-512 EPYC and was within 5% of it on the same CPU limited to AVX2;
 with oneDNN off (TensorFlow's default on AVX2-only CPUs) XLA was 1.47x faster. A rule on the
@@ -40,7 +40,7 @@ MARGIN = 0.05
 # The probe runs when its estimated cost is at most this share of the run's estimated time.
 PROBE_SHARE = 0.03
 # XLA's compilation of a train step took 1.8-2.2x the graph's first trace (demo and Small,
-# pretraining and fine-tuning, BUILD.md): the probe's cost is estimated from the graph's.
+# pretraining and fine-tuning, docs/benchmarks.md): the probe's cost is estimated from the graph's.
 XLA_COMPILE_FACTOR = 2.0
 ROUNDS = 3
 SAMPLE_SECONDS = 1.0  # the least time one timed sample of one path runs for
