@@ -1,5 +1,6 @@
 """benchmarks/parity_curves.py on a tiny model: both sides train, a killed reference run resumes
-where its last interval ended, complete runs are skipped, and the report compares every interval.
+where its last interval ended, complete runs are skipped, the report compares every interval, and
+with the diagnostic settings the two curves and the held-out scores coincide.
 
 Needs torch and transformers (`pip install -e '.[anchors]'`); skipped without them.
 """
@@ -54,13 +55,29 @@ def env():
     return dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
 
 
-@pytest.mark.slow  # two tiny runs per side and a kill, ~70 s
-def test_both_sides_train_resume_and_compare(data, tmp_path):
+# electra_tf's draws and initial weights for the reference, no dropout: the diagnostic settings,
+# under which the two sides differ only by float rounding.
+DIAGNOSTIC = ("--reference_draws=electra_tf", "--reference_init=electra_tf",
+              "--override=hidden_dropout=0", "--override=attention_dropout=0")
+
+
+@pytest.mark.slow  # one tiny run per side, a kill and its resume, ~60 s
+def test_both_sides_train_resume_compare_and_coincide(data, tmp_path):
+    """One folder, every run with DIAGNOSTIC (one pair of runs serves all the claims):
+
+    - the reference, killed mid-run, resumes where it saved (the interval's partial sums
+      included), no interval twice or missing; complete runs are skipped; another recipe in the
+      folder is refused; the report has every interval and metric;
+    - the per-interval metrics of the binary and of the reference (the resumed one) agree to
+      float rounding over the 12 steps: many steps of the same training, beyond the single steps
+      of test_step_parity, and a resume that lost or redid anything would show here;
+    - held-out evaluation scores both final models alike (the reference's through the
+      converter)."""
     out = tmp_path / "curves"
     # The reference, stopped (SIGTERM to the tool and its worker) once its first interval is
     # written: it saves where it is, mid-interval too, and the rerun (both sides at once) resumes
     # it there, the interval's partial sums included.
-    process = subprocess.Popen(command(data, out, "--only=torch"), cwd=REPO, env=env(),
+    process = subprocess.Popen(command(data, out, "--only=torch", *DIAGNOSTIC), cwd=REPO, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
     log = out / "torch-seed0" / "log.txt"
@@ -76,7 +93,7 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
         time.sleep(0.1)
     saved = int(re.search(r"stopped at step (\d+)", log.read_text()).group(1))
     assert 2 <= saved < 12
-    proc = subprocess.run(command(data, out, "--workers=2"), cwd=REPO, env=env(),
+    proc = subprocess.run(command(data, out, "--workers=2", *DIAGNOSTIC), cwd=REPO, env=env(),
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert f"torch seed 0: resumed at step {saved}" in log.read_text()
@@ -91,12 +108,22 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
         for metrics in curve.values():
             assert 0.0 <= metrics["disc_auc"] <= 1.0 and metrics["mlm_loss"] > 0
 
+    # The same training on both sides: the curves coincide, through the reference's resume.
+    ours, theirs = (parity_curves.curve(out, side, 0) for side in parity_curves.SIDES)
+    assert sorted(ours) == sorted(theirs) == list(range(2, 13, 2))
+    for step in ours:
+        for metric in ("mlm_loss", "disc_loss"):
+            a, b = ours[step][metric], theirs[step][metric]
+            assert abs(a - b) <= 1e-5 * abs(b), (step, metric, a, b)
+        for metric in ("disc_auc", "mlm_accuracy"):  # counts: equal but for a rare tie
+            assert abs(ours[step][metric] - theirs[step][metric]) <= 1e-3, (step, metric)
+
     # Complete runs are not trained again; another recipe in the same folder is refused.
-    again = subprocess.run(command(data, out), cwd=REPO, env=env(), capture_output=True, text=True,
-                           timeout=300)
-    assert again.returncode == 0 and again.stdout.count(": complete") == 2, again.stdout
-    other = subprocess.run(command(data, out, "--override=disc_weight=20"), cwd=REPO, env=env(),
+    again = subprocess.run(command(data, out, *DIAGNOSTIC), cwd=REPO, env=env(),
                            capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count(": complete") == 2, again.stdout
+    other = subprocess.run(command(data, out, *DIAGNOSTIC, "--override=disc_weight=20"), cwd=REPO,
+                           env=env(), capture_output=True, text=True, timeout=300)
     assert other.returncode == 1
     assert other.stderr.strip().splitlines()[-1] == (
         f"parity_curves: error: {out} holds runs of another recipe (differs in overrides): use "
@@ -118,29 +145,6 @@ def test_both_sides_train_resume_and_compare(data, tmp_path):
              if line.startswith("| ") and line.split("|")[1].strip().isdigit()}
     assert steps == {4, 8, 12}, short
     assert short.splitlines()[-6:] == text.splitlines()[-6:]  # the counts and the last quarter
-
-
-@pytest.mark.slow  # one tiny run per side, ~40 s
-def test_with_electra_tfs_draws_and_weights_and_no_dropout_the_curves_coincide(data, tmp_path):
-    """The diagnostic settings leave the two sides nothing to differ by but float rounding: the
-    same data, initial weights, masks and Gumbel noise, no dropout. Over 12 steps the per-interval
-    metrics of the binary and of the reference then agree closely: many steps of the same
-    training, beyond the single steps of test_step_parity."""
-    out = tmp_path / "curves"
-    proc = subprocess.run(
-        command(data, out, "--workers=2", "--reference_draws=electra_tf",
-                "--reference_init=electra_tf", "--override=hidden_dropout=0",
-                "--override=attention_dropout=0"),
-        cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    ours, theirs = (parity_curves.curve(out, side, 0) for side in parity_curves.SIDES)
-    assert sorted(ours) == sorted(theirs) == list(range(2, 13, 2))
-    for step in ours:
-        for metric in ("mlm_loss", "disc_loss"):
-            a, b = ours[step][metric], theirs[step][metric]
-            assert abs(a - b) <= 1e-5 * abs(b), (step, metric, a, b)
-        for metric in ("disc_auc", "mlm_accuracy"):  # counts: equal but for a rare tie
-            assert abs(ours[step][metric] - theirs[step][metric]) <= 1e-3, (step, metric)
 
     # Held-out evaluation: the two final models are the same but for rounding, and the
     # reference's reaches the evaluation through the converter: the scores agree.
