@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -152,37 +153,49 @@ def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pr
     assert vocab is not None and os.path.exists(vocab)
 
 
+JIT_CONFIG = run_config(num_train_steps=5, steps_per_loop=3, jit_compile=True,
+                        save_checkpoints_steps=3, summary_steps=3)
+
+
+@pytest.fixture(scope="module")
+def jit_run(tmp_path_factory, pretrain_shards, pretrain_vocab):
+    """One XLA-compiled 5-step run (loops of 3): its claims are the jit test's, and its folder
+    is the good start the NaN test continues (an XLA compilation is the costliest build here).
+    Returns (model_dir, result); tests that write copy the folder."""
+    model_dir = str(tmp_path_factory.mktemp("jit") / "run")
+    result = run_pretraining(tiny_config(pretrain_vocab), JIT_CONFIG, pretrain_shards, model_dir,
+                             create_strategy("one_device"))
+    return model_dir, result
+
+
 @pytest.mark.slow
-def test_jit_compile_with_several_steps_per_loop(tmp_path, pretrain_shards, pretrain_vocab):
-    strategy = create_strategy("one_device")
-    result = run_pretraining(
-        tiny_config(pretrain_vocab), run_config(num_train_steps=5, steps_per_loop=3,
-                                                jit_compile=True, save_checkpoints_steps=3,
-                                                summary_steps=3),
-        pretrain_shards, str(tmp_path), strategy)
+def test_jit_compile_with_several_steps_per_loop(jit_run):
+    model_dir, result = jit_run
     assert result.step == 5  # a loop of 3, then the remaining 2
     assert np.isfinite(result.metrics["loss"])
-    assert summaries(str(tmp_path))["loss"] == [3, 5]
-    assert sorted(os.path.basename(p) for p in glob.glob(str(tmp_path / "ckpt-*.index"))) == \
-        ["ckpt-3.index", "ckpt-5.index"]
+    assert summaries(model_dir)["loss"] == [3, 5]
+    assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "ckpt-*.index"))) \
+        == ["ckpt-3.index", "ckpt-5.index"]
 
 
 @pytest.mark.slow
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
-        tmp_path, pretrain_shards, pretrain_vocab):
-    strategy = create_strategy("one_device")
-    model_config = tiny_config(pretrain_vocab)
-    good = run_config(num_train_steps=2, steps_per_loop=1, save_checkpoints_steps=1)
-    run_pretraining(model_config, good, pretrain_shards, str(tmp_path), strategy)
-    good_weights = model_weights(tf.train.latest_checkpoint(str(tmp_path)))
+        tmp_path, jit_run, pretrain_shards, pretrain_vocab):
+    """The good start is the jit run's folder (5 steps); continued as a graph, with an absurd
+    learning rate and a checkpoint after every step, until the loss is NaN."""
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(jit_run[0], model_dir)
+    good_weights = model_weights(tf.train.latest_checkpoint(model_dir))
     # Same run, continued with an absurd learning rate: the weights blow up within a few steps.
-    bad = good.replace(num_train_steps=30, learning_rate=1e30, num_warmup_steps=0)
+    bad = JIT_CONFIG.replace(num_train_steps=35, learning_rate=1e30, num_warmup_steps=0,
+                             steps_per_loop=1, save_checkpoints_steps=1, jit_compile=None)
     with pytest.raises(NonFiniteLossError, match=r"at step (\d+)") as info:
-        run_pretraining(model_config, bad, pretrain_shards, str(tmp_path), strategy,
-                                    allow_changes=("learning_rate", "num_warmup_steps"))
+        run_pretraining(tiny_config(pretrain_vocab), bad, pretrain_shards, model_dir,
+                        create_strategy("one_device"),
+                        allow_changes=("learning_rate", "num_warmup_steps"))
     bad_step = int(info.value.args[0].split("at step ")[1].split(":")[0])
-    assert bad_step >= 3
-    latest = tf.train.latest_checkpoint(str(tmp_path))
+    assert bad_step >= 6
+    latest = tf.train.latest_checkpoint(model_dir)
     assert latest.endswith(f"ckpt-{bad_step - 1}")  # every step before it was good and saved
     weights = model_weights(latest)
     assert all(np.all(np.isfinite(w)) for w in weights.values())
@@ -280,26 +293,33 @@ WORKER = textwrap.dedent("""
     from electra_tf.training.loop import run_pretraining
     from electra_tf.training.strategy import create_strategy, is_chief
 
-    data, vocab, model_dir, out, micro_batches = sys.argv[1:6]
+    data, vocab, model_dir, out = sys.argv[1:5]
     logging.set_verbosity(logging.INFO)
     strategy = create_strategy("multi_worker")
-    config = PretrainingConfig(
-        train_batch_size=8, num_train_steps=4, learning_rate=1e-3, num_warmup_steps=1,
-        max_seq_length=32, steps_per_loop=2, save_checkpoints_steps=2, summary_steps=2, seed=3,
-        shuffle_buffer=64, gradient_accumulation_steps=int(micro_batches))
     model_config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab)
-    result = run_pretraining(model_config, config, data, model_dir, strategy)
-    np.savez(out, **{v.path: v.numpy() for v in result.model.trainable_variables})
-    print("CHIEF" if is_chief(strategy) else "WORKER", "replicas",
-          strategy.num_replicas_in_sync, "step", result.step, flush=True)
+    # Steps 1-2 with whole batches, then the run resumed for steps 3-4 with 2 micro-batches.
+    for steps, micro_batches in ((2, 1), (4, 2)):
+        config = PretrainingConfig(
+            train_batch_size=8, num_train_steps=steps, learning_rate=1e-3, num_warmup_steps=1,
+            max_seq_length=32, steps_per_loop=2, save_checkpoints_steps=2, summary_steps=2,
+            seed=3, shuffle_buffer=64, gradient_accumulation_steps=micro_batches)
+        result = run_pretraining(model_config, config, data, model_dir, strategy)
+        np.savez(f"{out}-{steps}.npz",
+                 **{v.path: v.numpy() for v in result.model.trainable_variables})
+        print("CHIEF" if is_chief(strategy) else "WORKER", "replicas",
+              strategy.num_replicas_in_sync, "step", result.step, "micro_batches",
+              micro_batches, flush=True)
 """)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("micro_batches", [1, 2])
 def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
-        tmp_path, pretrain_shards, pretrain_vocab, th, micro_batches):
+        tmp_path, pretrain_shards, pretrain_vocab, th):
+    """Two worker processes run steps 1-2 with whole batches, then resume the run for steps 3-4
+    with 2 micro-batches per step (one pair of processes for both step kinds): after each part
+    the workers hold the same weights, and only the chief wrote checkpoints, summaries and the
+    discriminator."""
     ports = [th.free_port(), th.free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     script = tmp_path / "worker.py"
@@ -316,7 +336,7 @@ def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
                    PYTHONUNBUFFERED="1")
         processes.append(subprocess.Popen(
             [sys.executable, str(script), pretrain_shards, pretrain_vocab, str(model_dir),
-             str(tmp_path / f"weights{index}.npz"), str(micro_batches)], cwd=th.repo, env=env,
+             str(tmp_path / f"weights{index}")], cwd=th.repo, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = []
     try:
@@ -328,14 +348,18 @@ def test_multi_worker_two_processes_train_in_sync_and_only_the_chief_writes(
                 p.kill()
     for p, log in zip(processes, logs):
         assert p.returncode == 0, log[-3000:]
-    assert "CHIEF replicas 2 step 4" in logs[0] and "WORKER replicas 2 step 4" in logs[1]
+    for steps, micro_batches in ((2, 1), (4, 2)):
+        assert f"CHIEF replicas 2 step {steps} micro_batches {micro_batches}" in logs[0]
+        assert f"WORKER replicas 2 step {steps} micro_batches {micro_batches}" in logs[1]
+        w0 = np.load(tmp_path / f"weights0-{steps}.npz")
+        w1 = np.load(tmp_path / f"weights1-{steps}.npz")
+        assert sorted(w0.files) == sorted(w1.files) and len(w0.files) > 10
+        for name in w0.files:
+            np.testing.assert_array_equal(w0[name], w1[name], err_msg=f"step {steps}: {name}")
+    assert f"Resumed from {model_dir}/ckpt-2 at step 2" in logs[0]
     # Only the chief says it saved the discriminator: the other one wrote to a temporary folder.
-    assert f"Saved the discriminator to {model_dir}/discriminator" in logs[0]
+    assert logs[0].count(f"Saved the discriminator to {model_dir}/discriminator") == 2
     assert "Saved the discriminator" not in logs[1]
-    w0, w1 = np.load(tmp_path / "weights0.npz"), np.load(tmp_path / "weights1.npz")
-    assert sorted(w0.files) == sorted(w1.files) and len(w0.files) > 10
-    for name in w0.files:
-        np.testing.assert_array_equal(w0[name], w1[name], err_msg=name)
     # The chief wrote checkpoints, summaries and the export; the other worker left nothing.
     assert tf.train.latest_checkpoint(str(model_dir)).endswith("ckpt-4")
     assert (model_dir / "discriminator" / "model.index").exists()

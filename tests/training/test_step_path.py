@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -233,12 +234,30 @@ def _weights(checkpoint):
             if name.startswith(("variables/", "optimizer/"))}
 
 
+@pytest.fixture(scope="module")
+def forced_runs(tmp_path_factory, pretrain_shards, pretrain_vocab):
+    """Two finished 4-step runs forced to a path, {False: the graph's, True: XLA's}: each
+    (model_dir, result, its ckpt-4 weights). The probe test compares a probed run with the one
+    of its choice; the resume test continues a copy of the XLA run on the graph and compares it
+    with the graph run."""
+    model_config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab)
+    strategy = create_strategy("one_device")
+    runs = {}
+    for jit in (False, True):
+        model_dir = str(tmp_path_factory.mktemp("forced") / ("xla" if jit else "graph"))
+        result = run_pretraining(model_config, _config(jit_compile=jit), pretrain_shards,
+                                 model_dir, strategy)
+        runs[jit] = (model_dir, result, _weights(os.path.join(model_dir, "ckpt-4")))
+    return runs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("margin, jit", [(-1.0, True), (1e9, False)])
 def test_the_probe_is_undone_the_run_equals_one_forced_to_its_choice(
-        tmp_path, pretrain_shards, pretrain_vocab, monkeypatch, margin, jit):
+        tmp_path, pretrain_shards, pretrain_vocab, monkeypatch, margin, jit, forced_runs):
     """The probe (forced here: any run pays, and `margin` decides) trains for real; its steps
-    are undone, so the run's checkpoints equal those of a run given the chosen path."""
+    are undone, so the run's checkpoints equal those of a run given the chosen path (the
+    module's run forced to it)."""
     monkeypatch.setattr(step_path, "PROBE_SHARE", 1e9)
     monkeypatch.setattr(step_path, "MARGIN", margin)
     monkeypatch.setattr(step_path, "SAMPLE_SECONDS", 0.0)
@@ -251,11 +270,10 @@ def test_the_probe_is_undone_the_run_equals_one_forced_to_its_choice(
     assert record["step_path"]["path"] == ("xla" if jit else "graph")
     assert set(record["step_path"]["seconds_per_step"]) == {"graph", "xla"}
     assert record["pretraining_config"]["jit_compile"] is None  # what was asked: auto
-    forced = run_pretraining(model_config, _config(jit_compile=jit), pretrain_shards,
-                             str(tmp_path / "forced"), strategy)
+    forced_dir, forced, b = forced_runs[jit]
     assert probed.step == forced.step == 4
     a = _weights(tf.train.latest_checkpoint(str(tmp_path / "probed")))
-    b = _weights(tf.train.latest_checkpoint(str(tmp_path / "forced")))
+    assert tf.train.latest_checkpoint(forced_dir).endswith("ckpt-4")
     assert set(a) == set(b) and any("iter" in name for name in a)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
@@ -263,23 +281,24 @@ def test_the_probe_is_undone_the_run_equals_one_forced_to_its_choice(
 
 
 @pytest.mark.slow
-def test_a_run_resumes_exactly_on_the_other_path(tmp_path, pretrain_shards, pretrain_vocab):
+def test_a_run_resumes_exactly_on_the_other_path(tmp_path, pretrain_shards, pretrain_vocab,
+                                                 forced_runs):
     """Half the run with XLA, the rest as a graph (another CPU kind's choice) continues the run:
     the path is not in the checkpoint (the same variables either way), the step, the input's
     position and the draws go on, and the two paths differ by rounding only
     (tests/benchmarks/test_step_parity.py holds one step on either path to the PyTorch
     reference). Adam without bias correction turns a gradient element at rounding level into an
     update of up to the learning rate (the parity test's `sensitivity`), so after the switch the
-    weights are compared by their norms."""
+    weights are compared by their norms. The straight graph run and the XLA run are the
+    module's forced runs."""
     model_config = ElectraConfig.from_json("electra_tiny").with_vocab(pretrain_vocab)
     strategy = create_strategy("one_device")
-    straight, switched = str(tmp_path / "straight"), str(tmp_path / "switched")
-    graph_run = run_pretraining(model_config, _config(jit_compile=False), pretrain_shards,
-                                straight, strategy)
+    straight, graph_run, _ = forced_runs[False]
+    switched = str(tmp_path / "switched")
+    shutil.copytree(forced_runs[True][0], switched)
     # The XLA run's checkpoint at step 2 is where the switch happens: its later one is removed
     # (a run killed after step 2), so the rerun resumes from it with the same schedule.
-    run_pretraining(model_config, _config(jit_compile=True), pretrain_shards, switched, strategy)
-    xla_names = set(_weights(os.path.join(switched, "ckpt-4")))
+    xla_names = set(forced_runs[True][2])
     for path in glob.glob(os.path.join(switched, "ckpt-4.*")):
         os.remove(path)
     resumed = run_pretraining(model_config, _config(jit_compile=False), pretrain_shards,
