@@ -32,6 +32,9 @@ SEQ = 32
 def _train(head, features, steps=40, lr=3e-3):
     """Adam on one fixed batch; returns the inference-mode loss before and after."""
     optimizer = keras.optimizers.Adam(lr)
+    # Its slots made before the step is traced: a first call that creates variables makes
+    # tf.function trace the step twice.
+    optimizer.build(head.trainable_variables)
     inputs = {k: tf.constant(v) for k, v in features.items()}
 
     @tf.function
@@ -60,7 +63,7 @@ def _same_outputs(head, features):
         np.testing.assert_allclose(np.asarray(a[key]), np.asarray(b[key]), atol=1e-6)
 
 
-@pytest.mark.slow  # trains 40-150 steps (~20 s on a loaded 2-core machine)
+@pytest.mark.slow  # trains 40-150 steps (~10 s on a loaded 2-core machine)
 def test_classifier_shapes_loss_and_label_round_trip(tiny_config, tokenizer, rt_balanced):
     keras.utils.set_random_seed(0)
     head = SentenceClassifier(tiny_config, num_labels=2, task_name="rotten_tomatoes")
@@ -82,7 +85,7 @@ def test_classifier_shapes_loss_and_label_round_trip(tiny_config, tokenizer, rt_
     assert results["accuracy"] > 85.0  # memorised
 
 
-@pytest.mark.slow  # trains 40-150 steps (~20 s on a loaded 2-core machine)
+@pytest.mark.slow  # trains 40-150 steps (~10 s on a loaded 2-core machine)
 def test_regressor_learns_scores(tiny_config, tokenizer, rt_balanced):
     keras.utils.set_random_seed(1)
     examples = [SentenceExample(e.eid, e.text, None, 5.0 * e.label) for e in rt_balanced]
@@ -107,7 +110,7 @@ def _tag(word):
     return 2 if len(word) <= 3 else 0
 
 
-@pytest.mark.slow  # trains 40-150 steps (~20 s on a loaded 2-core machine)
+@pytest.mark.slow  # trains 40-150 steps (~10 s on a loaded 2-core machine)
 def test_tagger_learns_first_piece_labels(tiny_config, tokenizer, rt_sentences):
     keras.utils.set_random_seed(2)
     words = [s.split() for s in rt_sentences[200:232]]
@@ -194,7 +197,7 @@ def test_qa_shapes_and_top_starts_match_span_search(tiny_config, tokenizer, qa_e
     _same_outputs(head, train)
 
 
-@pytest.mark.slow  # trains 40-150 steps (~20 s on a loaded 2-core machine)
+@pytest.mark.slow  # trains 40-150 steps (~10 s on a loaded 2-core machine)
 def test_qa_loss_falls_and_spans_round_trip(tiny_config, tokenizer, qa_examples):
     keras.utils.set_random_seed(4)
     head = SpanQuestionAnswerer(tiny_config, beam_size=10)

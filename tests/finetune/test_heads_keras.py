@@ -1,7 +1,7 @@
 """The heads as Keras models: `fit` and `evaluate` on (inputs, labels), `save` / `load_model`.
 
 One head of each task family on a synthetic fixed batch (tiny encoder, 64-token vocabulary, dropout
-off). The fine-tuning loop's loss is `train_step.step_fn`'s: per-example losses summed over the
+off), trained, evaluated, saved and loaded in one test (a compile and a trace of each step per head). The fine-tuning loop's loss is `train_step.step_fn`'s: per-example losses summed over the
 batch, divided by the batch size; `fit` must report exactly that, weights included.
 """
 
@@ -93,35 +93,6 @@ def one_batch(*parts):
     return tf.data.Dataset.from_tensors(tuple(parts))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_fit_reports_the_loops_loss_and_learns(family):
-    keras.utils.set_random_seed(0)
-    head = make_head(family)
-    f = make_features(family)
-    x, y = head.split_labels(f)
-    assert not set(y) & {"input_ids", "input_mask", "segment_ids"} and y
-    before = loop_loss(head, f)
-    weighted = loop_loss(head, f, SAMPLE_WEIGHT)
-    assert abs(weighted - before) > 1e-3  # the weights matter on this batch
-
-    head.compile(optimizer=keras.optimizers.Adam(3e-3))
-    step0 = head.fit(one_batch(x, y, SAMPLE_WEIGHT), verbose=0).history["loss"][0]
-    np.testing.assert_allclose(step0, weighted, rtol=1e-5)  # the loss before the update
-    head.fit(one_batch(x, y).repeat(), steps_per_epoch=30, verbose=0)
-    after = loop_loss(head, f)
-    assert after < 0.5 * before, (family, before, after)
-
-    # `evaluate` reports the loop's loss, with or without weights, and it is the loss of the
-    # labels given: the trained head does much worse on other examples' labels.
-    np.testing.assert_allclose(head.evaluate(one_batch(x, y), verbose=0), after, rtol=1e-5)
-    np.testing.assert_allclose(head.evaluate(one_batch(x, y, SAMPLE_WEIGHT), verbose=0),
-                               loop_loss(head, f, SAMPLE_WEIGHT), rtol=1e-5)
-    other = {k: v[::-1] for k, v in y.items() if k not in x}  # QA: keep the gold start input
-    other_loss = head.evaluate(one_batch(x, {**y, **other}), verbose=0)
-    np.testing.assert_allclose(other_loss, loop_loss(head, {**f, **other}), rtol=1e-5)
-    assert other_loss > 2 * after
-
-
 def expected_metric(family, f, out):
     if family in ("classification", "multiple_choice"):
         return np.mean(np.argmax(out["logits"], -1) == f["label"])
@@ -134,18 +105,66 @@ def expected_metric(family, f, out):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_evaluate_scores_compiled_metrics_on_the_heads_targets(family):
-    keras.utils.set_random_seed(1)
+def test_fit_evaluate_save_and_load(family, tmp_path):
+    """One head per family, compiled once with a metric, holds three claims (each step traced
+    once, where three tests built and traced a head each):
+    - `fit` reports the loop's loss before the update, weights included, and learns (30 steps
+      at least halve the loss);
+    - `evaluate` reports the loop's loss, with or without weights, and it is the loss of the
+      labels given (the trained head does much worse on other examples' labels); the compiled
+      metric is scored on the head's targets (given labels and other labels alike);
+    - `save` / `load_model` (no custom objects, safe mode) give the same class, config, weight
+      paths, optimizer step and outputs; a fresh head from the config differs."""
+    keras.utils.set_random_seed(0)
     head = make_head(family)
-    f = make_features(family, seed=1)
+    f = make_features(family)
     x, y = head.split_labels(f)
+    assert not set(y) & {"input_ids", "input_mask", "segment_ids"} and y
+    before = loop_loss(head, f)
+    weighted = loop_loss(head, f, SAMPLE_WEIGHT)
+    assert abs(weighted - before) > 1e-3  # the weights matter on this batch
+
     metric = (keras.metrics.MeanSquaredError(name="metric") if family == "regression"
               else keras.metrics.SparseCategoricalAccuracy(name="metric"))
-    head.compile(optimizer="adam", metrics=[metric])
+    head.compile(optimizer=keras.optimizers.Adam(3e-3), metrics=[metric])
+    step0 = head.fit(one_batch(x, y, SAMPLE_WEIGHT), verbose=0).history["loss"][0]
+    np.testing.assert_allclose(step0, weighted, rtol=1e-5)  # the loss before the update
+    # Weights of one: the same loss as none, and the step traced above serves all 30 steps.
+    ones = np.ones(BATCH, np.float32)
+    head.fit(one_batch(x, y, ones).repeat(), steps_per_epoch=30, verbose=0)
+    after = loop_loss(head, f)
+    assert after < 0.5 * before, (family, before, after)
+
+    # `evaluate` reports the loop's loss, with or without weights, and it is the loss of the
+    # labels given: the trained head does much worse on other examples' labels.
     results = head.evaluate(one_batch(x, y), verbose=0, return_dict=True)
-    np.testing.assert_allclose(results["loss"], loop_loss(head, f), rtol=1e-5)
-    want = expected_metric(family, f, head(x))
-    np.testing.assert_allclose(results["metric"], want, rtol=1e-5)
+    np.testing.assert_allclose(results["loss"], after, rtol=1e-5)
+    np.testing.assert_allclose(results["metric"], expected_metric(family, f, head(x)), rtol=1e-5)
+    weighted_results = head.evaluate(one_batch(x, y, SAMPLE_WEIGHT), verbose=0, return_dict=True)
+    np.testing.assert_allclose(weighted_results["loss"], loop_loss(head, f, SAMPLE_WEIGHT), rtol=1e-5)
+    other = {k: v[::-1] for k, v in y.items() if k not in x}  # QA: keep the gold start input
+    other_results = head.evaluate(one_batch(x, {**y, **other}), verbose=0, return_dict=True)
+    np.testing.assert_allclose(other_results["loss"], loop_loss(head, {**f, **other}), rtol=1e-5)
+    assert other_results["loss"] > 2 * after
+    np.testing.assert_allclose(other_results["metric"], expected_metric(family, {**f, **other}, head(x)),
+                               rtol=1e-5)
+
+    head.save(tmp_path / "head.keras")
+    loaded = keras.saving.load_model(tmp_path / "head.keras")  # no custom_objects, safe mode
+    assert type(loaded) is type(head) and loaded.get_config() == head.get_config()
+    assert loaded.name == "task_specific"
+    assert int(loaded.optimizer.iterations) == int(head.optimizer.iterations) == 31
+    assert [v.path for v in loaded.weights] == [v.path for v in head.weights]
+    inputs = {k: x[k] for k in ("input_ids", "input_mask", "segment_ids")}
+    calls = [x, inputs] if family == "qa" else [inputs]  # QA: gold-start and top-k paths
+    for features in calls:
+        want, got = head(features), loaded(features)
+        assert want.keys() == got.keys()
+        for key in want:
+            np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
+    assert loop_loss(loaded, f) == loop_loss(head, f)
+    fresh = type(head).from_config(head.get_config())
+    assert not np.allclose(loop_loss(fresh, f), loop_loss(head, f))
 
 
 def test_labels_as_one_tensor_or_inside_the_features():
@@ -162,31 +181,6 @@ def test_labels_as_one_tensor_or_inside_the_features():
         tagger.compute_loss(x, np.zeros((BATCH, SEQ), np.int32), y_pred=tagger(x))
     with pytest.raises(ValueError, match="y_pred"):
         head.compute_loss(f)
-
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_heads_save_and_load_with_identical_outputs(family, tmp_path):
-    keras.utils.set_random_seed(3)
-    head = make_head(family)
-    f = make_features(family, seed=3)
-    x, y = head.split_labels(f)
-    head.compile(optimizer=keras.optimizers.Adam(1e-3))
-    head.fit(one_batch(x, y), verbose=0)  # weights away from their initial values
-    head.save(tmp_path / "head.keras")
-    loaded = keras.saving.load_model(tmp_path / "head.keras")  # no custom_objects, safe mode
-    assert type(loaded) is type(head) and loaded.get_config() == head.get_config()
-    assert loaded.name == "task_specific" and int(loaded.optimizer.iterations) == 1
-    assert [v.path for v in loaded.weights] == [v.path for v in head.weights]
-    inputs = {k: x[k] for k in ("input_ids", "input_mask", "segment_ids")}
-    calls = [x, inputs] if family == "qa" else [inputs]  # QA: gold-start and top-k paths
-    for features in calls:
-        want, got = head(features), loaded(features)
-        assert want.keys() == got.keys()
-        for key in want:
-            np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]), err_msg=key)
-    assert loop_loss(loaded, f) == loop_loss(head, f)
-    fresh = type(head).from_config(head.get_config())
-    assert not np.allclose(loop_loss(fresh, f), loop_loss(head, f))
 
 
 def test_fit_under_two_replicas_takes_the_one_device_step():

@@ -187,31 +187,12 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_exported_score_signature_matches_the_library(checkpoint, tmp_path):
-    path = export_scorer(checkpoint, tmp_path / "export", "electric", max_seq_length=24,
-                         verbose=False)
-    assert path == str(tmp_path / "export" / "electric" / "1")
-    report = json.loads((tmp_path / "export/electric/1/assets.extra/electra_export.json").read_text())
-    assert set(report["signatures"]) == {"score", "serving_default"}
-    score = tf.saved_model.load(path).signatures["score"]
-    texts = SENTENCES[:4] + ["the film was great " * 6]
-    out = score(text=tf.constant(texts))
-    want = score_texts(checkpoint, texts[:4])
-    np.testing.assert_allclose(out["score"].numpy()[:4], [w.score for w in want], atol=1e-4)
-    assert out["num_tokens"].numpy().tolist()[:4] == [len(w.tokens) for w in want]
-    assert out["truncated"].numpy().tolist() == [False] * 4 + [True]
-    assert out["num_tokens"].numpy()[4] == 22
-    # The next export takes the next version; an existing one is never overwritten.
-    assert export_scorer(checkpoint, tmp_path / "export", "electric", max_seq_length=24,
-                         verbose=False).endswith("/electric/2")
-    with pytest.raises(FileExistsError, match="never overwritten"):
-        export_scorer(checkpoint, tmp_path / "export", "electric", version=1)
-
-
-@pytest.mark.slow
 def test_electra_export_serves_electric_scores_from_another_process(checkpoint, tmp_path):
     """electra-export writes the `score` signature of an Electric checkpoint; electra-serve, in
-    its own process, answers REST :predict with the library's scores."""
+    its own process, answers REST :predict with the library's scores. The same export, loaded
+    here, matches the library too (scores, token counts, truncation at --max_seq_length, the
+    custom-op report), and `export_scorer` into the same base takes the next version and never
+    overwrites one (one export checked for what two tests exported three times for)."""
     base = tmp_path / "export"
     done = cli("electra_tf.tools.export", f"--checkpoint={checkpoint}", f"--export_base={base}",
                "--model_name=electric", "--max_seq_length=32")
@@ -235,6 +216,22 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
         np.testing.assert_allclose(p["token_scores"][1:len(w.tokens) + 1], w.token_scores,
                                    atol=1e-5)
         assert p["token_scores"][0] == 0.0 and not p["truncated"]
+
+    # The export, loaded in this process, against the library.
+    report = json.loads((base / "electric/1/assets.extra/electra_export.json").read_text())
+    assert set(report["signatures"]) == {"score", "serving_default"}
+    score = tf.saved_model.load(str(base / "electric" / "1")).signatures["score"]
+    texts = SENTENCES[:4] + ["the film was great " * 8]  # 32 pieces: over 32 with [CLS], [SEP]
+    out = score(text=tf.constant(texts))
+    np.testing.assert_allclose(out["score"].numpy()[:4], [w.score for w in want[:4]], atol=1e-4)
+    assert out["num_tokens"].numpy().tolist()[:4] == [len(w.tokens) for w in want[:4]]
+    assert out["truncated"].numpy().tolist() == [False] * 4 + [True]
+    assert out["num_tokens"].numpy()[4] == 30
+    # The next export takes the next version; an existing one is never overwritten.
+    assert export_scorer(checkpoint, base, "electric", max_seq_length=24,
+                         verbose=False) == str(base / "electric" / "2")
+    with pytest.raises(FileExistsError, match="never overwritten"):
+        export_scorer(checkpoint, base, "electric", version=1)
 
 
 def test_electra_export_explains_what_it_cannot_export(tmp_path, checkpoint):
