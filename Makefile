@@ -27,7 +27,7 @@ $(TEST_STAMP): $(STAMP)
 
 # Two workers, one per core of the machines this runs on; a file's tests stay on one worker.
 test: $(TEST_STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=20 tests
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

@@ -20,7 +20,7 @@ EXTRAS = {
     "anchors": ["torch==2.13.0", "transformers>=5.24", "onnxruntime==1.32.*", "onnx"],
     "plot": ["matplotlib>=3.7"],
     "tensorboard": ["tensorboard"],
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6"],
 }
 EXTRAS["all"] = sorted(
     {req for name, reqs in EXTRAS.items() if name not in ("torch", "anchors", "corpus", "tensorboard") for req in reqs}

@@ -19,8 +19,9 @@ except RuntimeError:  # the runtime was already initialised by an earlier import
 
 
 # The files that take longest, started first. `make test` runs files whole on two workers
-# (`--dist loadfile`), handed out in collection order, so a long file collected last runs alone at
-# the end: the demo's file (one ~260 s run shared by two tests) did, for its whole length.
+# (`--dist loadfile`), handed out in collection order (`--no-loadscope-reorder`: xdist's default
+# hands out the files with the most tests first), so a long file collected late runs alone at
+# the end: the demo's file (two tests, one ~260 s run shared by both) did, for its whole length.
 # Longest first leaves only short files for the end. A scheduling hint from `make test`'s
 # `--durations` (BUILD.md): a file missing here still runs, only later.
 LONGEST_FIRST = (
