@@ -43,3 +43,44 @@ def pytest_collection_modifyitems(config, items):
         return rank.get(relative, len(rank))
 
     items.sort(key=key)  # stable: the rest, and the tests inside a file, keep their order
+
+
+# What each test costs, for choosing what to cut: with ELECTRA_TEST_CPU_REPORT=PREFIX each worker
+# writes PREFIX.<worker>.jsonl, one line per test: its file, wall seconds, CPU seconds of the
+# worker and of the child processes it waited for, and how many processes it started.
+# `python -m benchmarks.suite_costs PREFIX` sums them per file (BUILD.md, "Tests").
+_CPU_REPORT = os.environ.get("ELECTRA_TEST_CPU_REPORT")
+if _CPU_REPORT:
+    import json
+    import resource
+    import subprocess
+    import time
+
+    import pytest
+
+    _launches = [0]
+    _popen_init = subprocess.Popen.__init__
+
+    def _counting_init(self, *args, **kwargs):
+        _launches[0] += 1
+        _popen_init(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = _counting_init
+
+    def _cpu(who):
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = (time.monotonic(), _cpu(resource.RUSAGE_SELF),
+                 _cpu(resource.RUSAGE_CHILDREN), _launches[0])
+        yield
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(f"{_CPU_REPORT}.{worker}.jsonl", "a") as out:
+            out.write(json.dumps({
+                "test": item.nodeid, "file": item.nodeid.split("::")[0],
+                "wall": time.monotonic() - start[0],
+                "self": _cpu(resource.RUSAGE_SELF) - start[1],
+                "children": _cpu(resource.RUSAGE_CHILDREN) - start[2],
+                "launches": _launches[0] - start[3]}) + "\n")
