@@ -1,21 +1,20 @@
 """electra-finetune refuses what it cannot do, in one line naming the flag or file, before it
 writes (or works) where that can be known: an output folder it may not write (a pretraining
 run's, its starting checkpoint's, a file, a link planted at logs/ or predictions/), sizes larger
-than the data or the model, task files Python's readers choke on; a run that diverges stops in
-one line and keeps the finished model; and a killed `--overwrite` rerun leaves the top level of
-model_dir describing `best/`.
+than the data or the model, task files Python's readers choke on.
 
 The binary runs as a real process on the tiny config. Refusals of folders and flag values come
-before TensorFlow loads (under a second each).
+before TensorFlow loads (under a second each). What a finished model's folder refuses or keeps (a
+rerun that diverges stops in one line and keeps the finished model; a killed `--overwrite` rerun
+leaves the top level of model_dir describing `best/`) is checked in test_rerun_safety.py, on the
+one finished run it builds for all its tests.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -207,86 +206,3 @@ def test_malformed_task_files_name_file_and_line(tmp_path, family, name, content
             task = task.with_label_names(infer_label_names(task, path))
         read_file(task, path)
     assert str(info.value) == f"{path}{message}"
-
-
-# ---------------------------------------------------------------------------------------
-# A finished model: a diverging rerun keeps it; a killed rerun leaves the top level describing it.
-# ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, vocab_file):
-    model_dir = tmp_path_factory.mktemp("ft") / "run"
-    _, err = (process := start(*RUN, f"--vocab_file={vocab_file}", f"--model_dir={model_dir}",
-                               "--learning_rate=0.001")).communicate(timeout=600)
-    assert process.returncode == 0, err[-3000:]
-    described(model_dir)
-    return model_dir
-
-
-def described(model_dir: Path) -> dict:
-    """Everything at the top level of model_dir describes best/: results.json (its seed and best
-    epoch), predictions (a link into best/, the best epoch's file equal to best/'s), and the
-    config best/ was trained with (in best/, none at the top level)."""
-    best = model_dir / "best"
-    head = json.loads((best / "head_config.json").read_text())
-    results = json.loads((model_dir / "results.json").read_text())
-    run = results["runs"][0]
-    assert (run["seed"], run["best_epoch"]) == (head["seed"], head["epoch"])
-    assert not os.path.lexists(model_dir / "finetuning_config.json")
-    config = json.loads((best / "finetuning_config.json").read_text())
-    assert config["learning_rate"] == run["settings"]["finetuning_config"]["learning_rate"]
-    assert os.readlink(model_dir / "predictions") == "best/predictions"
-    epoch = (model_dir / "predictions" / f"epoch_{head['epoch']:g}.jsonl").read_text()
-    assert epoch == (best / "predictions.jsonl").read_text()
-    return results
-
-
-@pytest.mark.slow  # one run into the finished folder, stopped at step 1 (~15 s)
-def test_a_diverging_run_is_one_line_and_keeps_the_finished_model(finished, tmp_path, vocab_file):
-    before = tree(finished)
-    train = tmp_path / "train.jsonl"
-    train.write_text("".join(json.dumps({"text": f"film number {i}", "label": 1e30}) + "\n"
-                             for i in range(16)))
-    line = refused("--task=regression", f"--train_file={train}", f"--eval_file={train}",
-                   "--config=electra_tiny", f"--vocab_file={vocab_file}", "--train_batch_size=8",
-                   "--max_seq_length=16", f"--model_dir={finished}", "--overwrite")
-    assert line == (
-        "electra-finetune: error: training diverged: the loss is inf at step 1 (epoch 1); lower "
-        "--learning_rate (it is 0.0001), or check the training labels (a label far larger than the "
-        f"others, say); the finished model in {finished / 'best'} is kept")
-    after = tree(finished)
-    assert {k: v for k, v in after.items() if not k.startswith("logs")} == \
-        {k: v for k, v in before.items() if not k.startswith("logs")}  # logs/ gains its events
-
-
-@pytest.mark.slow  # a rerun killed once its model is staged, a complete one (~40 s)
-def test_a_killed_overwrite_rerun_leaves_the_top_level_describing_best(finished, vocab_file):
-    """The killed run's config and predictions were written at the top level beside the old
-    best/; now they are staged with its model and published with it."""
-    old = described(finished)
-    process = start(*RUN, f"--vocab_file={vocab_file}", f"--model_dir={finished}", "--seed=1",
-                    "--learning_rate=0.002", "--overwrite")
-    staged = []
-    while process.poll() is None and not staged:
-        staged = [n for n in os.listdir(finished) if n.startswith(".best.staging-")
-                  and (finished / n / "head_config.json").exists()]
-        time.sleep(0.0005)
-    assert staged, process.communicate()[1][-3000:]
-    assert (finished / staged[0] / "predictions" / "epoch_1.jsonl").exists()
-    process.kill()
-    process.communicate(timeout=60)
-    assert described(finished) == old
-
-    # A folder of an earlier version: config and predictions at the top level beside best/.
-    # A complete rerun files them into the best/ they describe before replacing it, then links.
-    best = finished / "best"
-    os.unlink(finished / "predictions")
-    os.rename(best / "predictions", finished / "predictions")
-    os.rename(best / "finetuning_config.json", finished / "finetuning_config.json")
-    _, err = (process := start(*RUN, f"--vocab_file={vocab_file}", f"--model_dir={finished}",
-                               "--seed=2", "--learning_rate=0.002", "--overwrite")).communicate(timeout=600)
-    assert process.returncode == 0, err[-3000:]
-    assert described(finished)["seeds"] == [2]
-    assert not [n for n in os.listdir(finished) if n.startswith(".")
-                and n != ".electra_tf.lock"]  # no staging or temporary left

@@ -5,8 +5,11 @@ steps, 28 minutes on the shared 2-core machine) ranks 96.6% of 500 held-out sent
 their shuffles; its checkpoints pass 90% between 1,500 steps (88%) and 3,000 (94%), when the
 discriminator starts to use word order in mid-sentence. The test below runs `QUICK` (1,200
 steps at batch 16, length 48, mask_prob 0.6, no dropout; 110 s in all on the shared 2-core
-machine, 89 s of it training): 91.7% of 300 sentences with its seed 0 and 92.0% with seed 1,
-but 85.0% with seed 2, so the 90% bar holds for the seed it uses, not for every seed.
+machine, 89 s of it training; 180 CPU-s, 2026-11-29): 91.7% of 300 sentences with its seed 0,
+92.0% with seed 1 and 85.0% with seed 2. The bar, 80%, is one every seed clears; a model blind to
+word order scores ~50% (80% of 300 is 10 standard deviations above that). Cheaper sizes tried
+(fewer steps, a narrower model, see `QUICK`) fell to 62-73% for some seeds: the claim needs this
+size.
 """
 
 import dataclasses
@@ -40,4 +43,4 @@ def test_a_short_electric_run_scores_real_sentences_above_their_shuffles(tmp_pat
     result = run(dataclasses.replace(QUICK, workdir=str(tmp_path)))
     print({k: v for k, v in result.items() if k not in ("metrics", "config")})
     assert result["num_sentences"] == QUICK.num_sentences
-    assert result["accuracy"] >= 0.9
+    assert result["accuracy"] >= 0.8
