@@ -45,6 +45,10 @@ SAMPLE_SENTENCES = (
     "an unremarkable sequel that nobody asked for.",
     "one of the most delightful surprises of the year.",
 )
+# Below this scale (the tests run 0.001) the demo checks the chain, not the accuracy: each
+# fine-tuning run is 2 epochs of 128 sentences, scored on 128 (4 steps an epoch at batch 32).
+# From here up (0.01, `make demo`'s 1.0) nothing depends on it.
+SMOKE_SCALE = 0.002
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,11 +123,21 @@ class DemoConfig:
 
     @property
     def max_train_examples(self) -> int | None:
-        return None if self.scale >= 1 else max(256, int(7684 * self.scale))
+        if self.scale >= 1:
+            return None
+        return max(256 if self.scale >= SMOKE_SCALE else 128, int(7684 * self.scale))
 
     @property
     def max_eval_examples(self) -> int | None:  # the dev split has 846 sentences
-        return None if self.scale >= 0.25 else 256
+        if self.scale >= 0.25:
+            return None
+        return 256 if self.scale >= SMOKE_SCALE else 128
+
+    @property
+    def num_finetune_epochs(self) -> float:
+        """`finetune_epochs`, or at most 2 below `SMOKE_SCALE` (two evaluations: the last is
+        the one scored)."""
+        return self.finetune_epochs if self.scale >= SMOKE_SCALE else min(2.0, self.finetune_epochs)
 
     @property
     def num_finetune_seeds(self) -> int:
@@ -317,7 +331,7 @@ def finetune_rotten_tomatoes(cfg: DemoConfig, vocab_file: str, model_dir: str, *
         print(f"reusing {model_dir}")
         return json.loads(Path(results_file).read_text())
     overrides = {"learning_rate": cfg.finetune_learning_rate, "keep_best": False,
-                 "num_train_epochs": cfg.finetune_epochs, "max_seq_length": cfg.max_seq_length}
+                 "num_train_epochs": cfg.num_finetune_epochs, "max_seq_length": cfg.max_seq_length}
     random_init = model_config(vocab_file, **dict(cfg.model_overrides)) \
         if init_checkpoint is None else None
 
@@ -498,8 +512,9 @@ def _run(cfg: DemoConfig, stages: _Stages) -> dict:
                         "steps": pretrained["steps"], "model_overrides": overrides,
                         "final_metrics": {k: round(v, 4) for k, v in pretrained["metrics"].items()}},
         "rotten_tomatoes_dev_accuracy": accuracy,
-        "finetuning": {"epochs": cfg.finetune_epochs, "learning_rate": cfg.finetune_learning_rate,
-                       "seeds_per_encoder": seeds, "score": "final epoch, dev split"},
+        "finetuning": {"epochs": cfg.num_finetune_epochs,
+                       "learning_rate": cfg.finetune_learning_rate, "seeds_per_encoder": seeds,
+                       "score": "final epoch, dev split"},
         "export": export_path, "served": served, "seconds": {k: round(v) for k, v in timings.items()},
     }
     files.write_json(cfg.path("summary.json"), summary)

@@ -132,7 +132,8 @@ def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_pa
 
     vocab = str(tmp_path / "vocab.txt")
     write_vocab(frequency_vocab([t for t, _ in corpus.rotten_tomatoes()], num_words=2000), vocab)
-    cfg = demo.DemoConfig(workdir=str(tmp_path), scale=0.02, finetune_epochs=1,
+    # The smallest scale: each fold trains 4 steps (128 sentences) and scores at most 128.
+    cfg = demo.DemoConfig(workdir=str(tmp_path), scale=0.001, finetune_epochs=1,
                           model_overrides=(("num_layers", 1),))
     results = demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
                                             num_seeds=2, eval_split="cv")
@@ -142,7 +143,9 @@ def test_cross_validation_fine_tunes_once_per_fold_and_pools_the_accuracy(tmp_pa
     assert [r["num_eval_examples"] for r in results["runs"]] == [min(n, cfg.max_eval_examples) for n in sizes]
     accuracies = [r["best"]["accuracy"] for r in results["runs"]]
     assert results["summary"]["accuracy"]["values"] == accuracies
-    pooled = sum(a * min(n, 256) for a, n in zip(accuracies, sizes)) / sum(min(n, 256) for n in sizes)
+    scored = [min(n, cfg.max_eval_examples) for n in sizes]
+    assert scored == [128] * corpus.CV_FOLDS
+    pooled = sum(a * n for a, n in zip(accuracies, scored)) / sum(scored)
     assert abs(results["summary"]["pooled_accuracy"] - pooled) < 1e-9
     assert all((tmp_path / "cv" / f"fold_{k}" / "results.json").exists() for k in range(corpus.CV_FOLDS))
     assert demo.finetune_rotten_tomatoes(cfg, vocab, str(tmp_path / "cv"), init_checkpoint=None,
