@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "tests/training/test_signals.py", "tests/finetune/test_trainer.py",
     "tests/training/test_step_path.py", "tests/e2e/test_flag_fuzz.py",
     "tests/benchmarks/test_benchmark_pretrain.py", "tests/training/test_run_folder_safety.py",
+    "tests/finetune/test_rerun_safety.py", "tests/training/test_pretraining_bad_input.py",
 )
 
 

@@ -217,9 +217,18 @@ def _load_run_folder(folder: Path, network: str, config=None, step: int | None =
         ours = {id(v) for v in chosen.weights}
         report.ignored = [(v.path, f"not part of the {network}") for v in (other.weights if other else [])
                           if id(v) not in ours]
-    vocab = record.get("vocab_file")
-    return Pretrained(chosen, chosen.config, vocab if vocab and Path(vocab).exists() else None,
-                      report, "electra_tf")
+    return Pretrained(chosen, chosen.config, _run_vocab(folder, record), report, "electra_tf")
+
+
+def _run_vocab(folder: Path, record: dict) -> str | None:
+    """The run's vocabulary: the copy beside its exported discriminator (the file it trained
+    with, wherever the command runs), else the recorded --vocab_file if it is there (an absolute
+    path, or one relative to this directory as the run was started from it)."""
+    own = folder / run_folder.DISCRIMINATOR_FOLDER / "vocab.txt"
+    if own.exists():
+        return str(own)
+    recorded = record.get("vocab_file")
+    return recorded if recorded and Path(recorded).exists() else None
 
 
 # --- detection and loading -----------------------------------------------------------------------

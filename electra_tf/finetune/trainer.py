@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -356,17 +357,35 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
     arrays["input_mask"][n:, 0] = 1
     dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
     dataset = strategy.experimental_distribute_dataset(dataset)
-
-    @tf.function
-    def step(batch):
-        outputs = strategy.run(lambda f: head(f, training=False), args=(batch,))
-        return {k: strategy.gather(v, axis=0) for k, v in outputs.items()}
-
+    step = _predict_step(head, strategy)
     collected: dict[str, list] = {}
     for batch in dataset:
         for key, value in step(batch).items():
             collected.setdefault(key, []).append(value.numpy())
     return {k: np.concatenate(v)[:n] for k, v in collected.items()}
+
+
+# head -> (strategy, its traced inference step): one trace per head for every evaluation of a
+# run (each epoch, every set), not one per call. The step holds the head only weakly, so the
+# entry goes with the head.
+_PREDICT_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _predict_step(head, strategy):
+    import tensorflow as tf
+
+    known = _PREDICT_STEPS.get(head)
+    if known is not None and known[0] is strategy:
+        return known[1]
+    model = weakref.ref(head)
+
+    @tf.function
+    def step(batch):
+        outputs = strategy.run(lambda f: model()(f, training=False), args=(batch,))
+        return {k: strategy.gather(v, axis=0) for k, v in outputs.items()}
+
+    _PREDICT_STEPS[head] = (strategy, step)
+    return step
 
 
 def evaluate(head, task: Task, data: Features, fc: FinetuningConfig, strategy=None):

@@ -125,24 +125,28 @@ def test_averaging_the_micro_batches_own_means_would_be_caught(initial_weights, 
 
 
 @pytest.mark.slow
-def test_the_accumulated_gradient_is_clipped_once(initial_weights):
+def test_the_accumulated_gradient_is_clipped_once(initial_weights, whole_batch):
     # Clipping to a norm far below the gradient's: the update is c * g / |g| of the SUMMED
     # gradient; clipping each micro-batch's part would give another direction and length. The
     # clip is the runs' own (dense, after the replica sum: optimizer._ClipAfterAllReduce); stock
-    # Keras measures an embedding's IndexedSlices gradient with its duplicate rows apart.
+    # Keras measures an embedding's IndexedSlices gradient with its duplicate rows apart. The
+    # whole batch's gradient g is the whole-batch update of plain SGD with learning rate 1
+    # (`whole_batch`), so c * g / |g| is computed here rather than run a second time.
     class ClippedSGD(optimizer_lib._ClipAfterAllReduce, keras.optimizers.SGD):
         pass
 
     def clipped():
         return ClippedSGD(learning_rate=1.0, global_clipnorm=1e-3)
 
-    strategy = create_strategy("one_device")
-    _, _, whole = one_update(strategy, initial_weights, 1, clipped)
-    _, _, accumulated = one_update(strategy, initial_weights, 4, clipped)
+    start = [w.astype(np.float64) for w in trainable(initial_weights)]
+    gradient = [s - w for s, w in zip(start, whole_batch[2])]
+    norm = np.sqrt(sum(np.sum(g ** 2) for g in gradient))
+    assert norm > 1e-2  # far above the clip norm
+    whole = [s - 1e-3 * g / norm for s, g in zip(start, gradient)]
+    _, _, accumulated = one_update(create_strategy("one_device"), initial_weights, 4, clipped)
     for a, b in zip(accumulated, whole):
         np.testing.assert_allclose(a, b, **TOLERANCE)
-    change = np.sqrt(sum(np.sum((a - s) ** 2)
-                         for a, s in zip(accumulated, trainable(initial_weights))))
+    change = np.sqrt(sum(np.sum((a - s) ** 2) for a, s in zip(accumulated, start)))
     assert change == pytest.approx(1e-3, rel=1e-3)  # clipped, once, to the global norm
 
 

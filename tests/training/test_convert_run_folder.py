@@ -77,3 +77,13 @@ def test_a_pretraining_run_converts_in_one_command(pretrain_shards, pretrain_voc
     np.testing.assert_array_equal(at_step.get_weights()[0], run.discriminator.get_weights()[0])
     with pytest.raises(ConversionError, match=f"no checkpoint of step {step + 1} "):
         load_pretrained(model_dir, "discriminator", step=step + 1)
+    # A run started with a relative --vocab_file (recorded as typed), converted from another
+    # directory: its vocabulary is the copy beside its discriminator, not dropped.
+    import json
+
+    record_path = model_dir / run_folder.RECORD_FILE
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps(dict(record, vocab_file="vocab.txt")))
+    _, _, vocab = from_pretrained(model_dir, "discriminator")
+    assert vocab == str(model_dir / run_folder.DISCRIMINATOR_FOLDER / "vocab.txt")
+    assert open(vocab, "rb").read() == open(pretrain_vocab, "rb").read()

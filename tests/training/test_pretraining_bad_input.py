@@ -3,7 +3,8 @@
 The rule pinned here: bad input gives one line naming the file or field and what is wrong, no
 traceback, and nothing already written is lost (folders are hashed before and after). The
 binary runs as a real subprocess on the tiny config; shards and checkpoints are real files,
-damaged by flipping a bit or cutting them.
+damaged by flipping a bit or cutting them. One finished run (over damaged shards, skipping their
+damaged records) is made once and copied by the tests that damage or extend it.
 """
 
 from __future__ import annotations
@@ -159,88 +160,10 @@ def test_a_resume_with_skipped_records_starts_where_the_stream_was(tmp_path, pre
 
 # --- the binary -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory, pretrain_shards, pretrain_vocab, th):
-    """A finished 4-step run (checkpoints at 2 and 4) and its flags; tests copy the folder."""
-    model_dir = str(tmp_path_factory.mktemp("finished") / "run")
-    code, out = run(th, *th.tiny_flags(pretrain_shards, pretrain_vocab, model_dir,
-                                       num_train_steps=4))
-    assert code == 0, out[-3000:]
-    return model_dir
-
-
-def copy_run(finished_run, tmp_path) -> str:
-    model_dir = str(tmp_path / "run")
-    shutil.copytree(finished_run, model_dir)
-    return model_dir
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_another_config_is_refused_in_one_line_and_the_folder_stays_byte_identical(
-        finished_run, tmp_path, pretrain_shards, pretrain_vocab, th):
-    model_dir = copy_run(finished_run, tmp_path)
-    before = th.folder_hashes(model_dir)
-    code, out = run(th, *th.tiny_flags(pretrain_shards, pretrain_vocab, model_dir,
-                                       num_train_steps=4, train_batch_size=16,
-                                       override=["hidden_size=128"]))
-    assert code == 1, out[-3000:]
-    assert error_line(out) == (
-        f"electra-pretrain: error: model_dir {model_dir} holds a run with hidden_size=64, train_batch_size=8, "
-        "this run asks for hidden_size=128, train_batch_size=16; use another --model_dir or "
-        "the same flags")
-    assert "Traceback" not in out
-    assert th.folder_hashes(model_dir) == before
-
-    # Steps and intervals may change: 2 more steps extend the run.
-    code, out = run(th, *th.tiny_flags(pretrain_shards, pretrain_vocab, model_dir,
-                                       num_train_steps=6, summary_steps=3))
-    assert code == 0, out[-3000:]
-    assert f"Resumed from {model_dir}/ckpt-4 at step 4" in out
-    assert "Resuming with num_train_steps=6 (the run so far had 4)" in out
-    assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-6")
-    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
-    assert record["pretraining_config"]["num_train_steps"] == 6
-
-
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_one_before(
-        finished_run, tmp_path, pretrain_shards, pretrain_vocab, th):
-    model_dir = copy_run(finished_run, tmp_path)
-    flags = th.tiny_flags(pretrain_shards, pretrain_vocab, model_dir, num_train_steps=4)
-    expected = th.checkpoint_weights(os.path.join(model_dir, "ckpt-4"))
-    data = os.path.join(model_dir, "ckpt-4.data-00000-of-00001")
-    cut(data, 0.5)  # a save cut short, e.g. by a full disk
-    code, out = run(th, *flags)
-    assert code == 0, out[-3000:]
-    assert f"damaged checkpoint {data}: cut short (" in out
-    assert f"Resumed from {model_dir}/ckpt-2 at step 2" in out
-    # Exact resume: steps 3 and 4 again give the checkpoint that was damaged.
-    redone = th.checkpoint_weights(os.path.join(model_dir, "ckpt-4"))
-    assert set(redone) == set(expected)
-    for name in expected:
-        np.testing.assert_allclose(redone[name], expected[name], rtol=1e-4, atol=1e-5,
-                                   err_msg=name)
-
-    # Every checkpoint damaged: one line naming each, and nothing changes.
-    cut(os.path.join(model_dir, "ckpt-4.index"), 0.5)
-    flip_bit(os.path.join(model_dir, "ckpt-2.data-00000-of-00001"), 20_000)
-    before = th.folder_hashes(model_dir)
-    code, out = run(th, *flags)
-    assert code == 1, out[-3000:]
-    line = error_line(out)
-    assert line.startswith(f"electra-pretrain: error: model_dir {model_dir} has no checkpoint that reads back "
-                           f"({model_dir}/ckpt-4.index: unreadable index"), line
-    assert f"{model_dir}/ckpt-2.data-00000-of-00001: checksum mismatch in tensor " in line
-    assert "Traceback" not in out
-    assert th.folder_hashes(model_dir) == before
-
-
-@pytest.fixture
-def damaged_shards(tmp_path, pretrain_shards, th):
+def damaged_shards(tmp_path_factory, pretrain_shards, th):
     """Copies of the 4 shards: record 50 of shard 1 has a flipped bit, shard 3 is cut inside
     record 300. Returns (pattern, the shards, {shard: its record offsets})."""
-    folder = tmp_path / "shards"
+    folder = tmp_path_factory.mktemp("damaged") / "shards"
     folder.mkdir()
     for path in sorted(glob.glob(pretrain_shards)):
         shutil.copy(path, folder)
@@ -255,10 +178,96 @@ def damaged_shards(tmp_path, pretrain_shards, th):
     return str(folder / "pretrain_data.tfrecord-*"), shards, info
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, damaged_shards, pretrain_vocab, th):
+    """A finished 6-step run (checkpoints at 2, 4 and 6) over the damaged shards with
+    --skip_corrupt_records: its own test reads what it logged, the others copy the folder and
+    pass `flags(...)`, the same flags. One run for every test that needs a finished one: what
+    they change (the config, a checkpoint) does not depend on the data it read."""
+    pattern = damaged_shards[0]
+    model_dir = str(tmp_path_factory.mktemp("finished") / "run")
+
+    def flags(model_dir, **extra):
+        return th.tiny_flags(pattern, pretrain_vocab, model_dir, skip_corrupt_records=True,
+                             **extra)
+
+    code, out = run(th, *flags(model_dir))
+    assert code == 0, out[-3000:]
+    return model_dir, out, flags
+
+
+def copy_run(finished_run, tmp_path) -> str:
+    model_dir = str(tmp_path / "run")
+    shutil.copytree(finished_run[0], model_dir)
+    return model_dir
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_another_config_is_refused_in_one_line_and_the_folder_stays_byte_identical(
+        finished_run, tmp_path, th):
+    flags = finished_run[2]
+    model_dir = copy_run(finished_run, tmp_path)
+    before = th.folder_hashes(model_dir)
+    code, out = run(th, *flags(model_dir, train_batch_size=16, override=["hidden_size=128"]))
+    assert code == 1, out[-3000:]
+    assert error_line(out) == (
+        f"electra-pretrain: error: model_dir {model_dir} holds a run with hidden_size=64, train_batch_size=8, "
+        "this run asks for hidden_size=128, train_batch_size=16; use another --model_dir or "
+        "the same flags")
+    assert "Traceback" not in out
+    assert th.folder_hashes(model_dir) == before
+
+    # Steps and intervals may change: 2 more steps extend the run.
+    code, out = run(th, *flags(model_dir, num_train_steps=8, summary_steps=3))
+    assert code == 0, out[-3000:]
+    assert f"Resumed from {model_dir}/ckpt-6 at step 6" in out
+    assert "Resuming with num_train_steps=8 (the run so far had 6)" in out
+    assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-8")
+    record = json.loads(open(os.path.join(model_dir, run_folder.RECORD_FILE)).read())
+    assert record["pretraining_config"]["num_train_steps"] == 8
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_damaged_checkpoint_is_named_and_the_run_resumes_from_the_one_before(
+        finished_run, tmp_path, th):
+    model_dir = copy_run(finished_run, tmp_path)
+    flags = finished_run[2](model_dir)
+    expected = th.checkpoint_weights(os.path.join(model_dir, "ckpt-6"))
+    data = os.path.join(model_dir, "ckpt-6.data-00000-of-00001")
+    cut(data, 0.5)  # a save cut short, e.g. by a full disk
+    code, out = run(th, *flags)
+    assert code == 0, out[-3000:]
+    assert f"damaged checkpoint {data}: cut short (" in out
+    assert f"Resumed from {model_dir}/ckpt-4 at step 4" in out
+    # Exact resume: steps 5 and 6 again give the checkpoint that was damaged.
+    redone = th.checkpoint_weights(os.path.join(model_dir, "ckpt-6"))
+    assert set(redone) == set(expected)
+    for name in expected:
+        np.testing.assert_allclose(redone[name], expected[name], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+
+    # Every checkpoint damaged: one line naming each, and nothing changes.
+    cut(os.path.join(model_dir, "ckpt-6.index"), 0.5)
+    flip_bit(os.path.join(model_dir, "ckpt-4.data-00000-of-00001"), 20_000)
+    cut(os.path.join(model_dir, "ckpt-2.data-00000-of-00001"), 0.5)
+    before = th.folder_hashes(model_dir)
+    code, out = run(th, *flags)
+    assert code == 1, out[-3000:]
+    line = error_line(out)
+    assert line.startswith(f"electra-pretrain: error: model_dir {model_dir} has no checkpoint that reads back "
+                           f"({model_dir}/ckpt-6.index: unreadable index"), line
+    assert f"{model_dir}/ckpt-4.data-00000-of-00001: checksum mismatch in tensor " in line
+    assert f"{model_dir}/ckpt-2.data-00000-of-00001: cut short (" in line
+    assert "Traceback" not in out
+    assert th.folder_hashes(model_dir) == before
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_damaged_shards_stop_the_run_before_step_1_or_are_skipped_and_counted(
-        damaged_shards, tmp_path, pretrain_vocab, th):
+        damaged_shards, finished_run, tmp_path, pretrain_vocab, th):
     pattern, shards, offsets = damaged_shards
     model_dir = str(tmp_path / "run")
     code, out = run(th, *th.tiny_flags(pattern, pretrain_vocab, model_dir))
@@ -272,9 +281,8 @@ def test_damaged_shards_stop_the_run_before_step_1_or_are_skipped_and_counted(
     assert "Traceback" not in out
     assert not os.path.exists(model_dir)  # nothing was written
 
-    code, out = run(th, *th.tiny_flags(pattern, pretrain_vocab, model_dir,
-                                       skip_corrupt_records=True))
-    assert code == 0, out[-3000:]
+    # The same command with --skip_corrupt_records: the module's finished run.
+    model_dir, out, _ = finished_run
     skipped = len(offsets[shards[1]]) - 50 + 1  # record 50 on, and the cut record 300
     assert f"skipping {skipped} records per pass over the data" in out
     assert re.search(rf"damaged shard {re.escape(shards[1])}: record 50 .*the shard is read up "

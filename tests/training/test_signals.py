@@ -261,7 +261,7 @@ def stop_finetuning(vocab, model_dir, signum, *extra) -> Watched:
     assert stopped_at - sent < STOP_SECONDS, run.output[-3000:]
     assert code == 128 + signum and "Traceback" not in run.output, run.output[-3000:]
     name = signal.Signals(signum).name
-    assert re.match(rf"electra-finetune: stopped on {name} after \d+ of 16 steps of seed 0 in "
+    assert re.match(rf"electra-finetune: stopped on {name} after \d+ of 8 steps of seed 0 in "
                      rf"{re.escape(str(model_dir))}: nothing of this run is kept",
                      run.last_line()), run.output[-3000:]
     assert run.last_line().endswith("run the same command to fine-tune it again")
@@ -273,7 +273,7 @@ def stop_finetuning(vocab, model_dir, signum, *extra) -> Watched:
 def test_a_signal_stops_finetuning_at_the_next_batch_and_keeps_the_finished_model(
         tmp_path, pretrain_vocab):
     model_dir = tmp_path / "ft"
-    epochs = "--num_train_epochs=8"  # 16 steps, an evaluation after every 2
+    epochs = "--num_train_epochs=4"  # 8 steps, an evaluation after every 2
     # Stopped before it finished: nothing says it did, nothing of it is left but its logs.
     stop_finetuning(pretrain_vocab, model_dir, signal.SIGTERM, epochs)
     assert not os.path.lexists(model_dir / "best")
@@ -283,7 +283,7 @@ def test_a_signal_stops_finetuning_at_the_next_batch_and_keeps_the_finished_mode
     done = finetune_process(pretrain_vocab, model_dir, epochs)
     assert done.finish(600) == 0, done.output[-3000:]
     results = json.loads((model_dir / "results.json").read_text())
-    assert results["runs"][0]["train_steps"] == 16
+    assert results["runs"][0]["train_steps"] == 8
     finished = tree(model_dir / "best")
     # A rerun stopped by Ctrl-C keeps the finished model and its results as they were.
     stop_finetuning(pretrain_vocab, model_dir, signal.SIGINT, epochs)
