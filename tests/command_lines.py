@@ -40,3 +40,16 @@ def snapshot(folder) -> dict:
             out[os.path.relpath(path, folder)] = (os.readlink(path) if os.path.islink(path)
                                                  else Path(path).read_bytes())
     return out
+
+
+def tree(folder) -> dict:
+    """relative path -> content (a link: its target; a folder: None) of everything under folder,
+    folders included."""
+    out = {}
+    for root, folders, names in os.walk(folder):
+        for name in folders + names:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder)] = (
+                os.readlink(path) if os.path.islink(path) else None if os.path.isdir(path)
+                else Path(path).read_bytes())
+    return out

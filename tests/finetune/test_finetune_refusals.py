@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.command_lines import tree
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--task=rotten_tomatoes", "--config=electra_tiny", "--max_train_examples=32",
        "--max_eval_examples=16", "--num_train_epochs=2", "--train_batch_size=16",
@@ -36,18 +38,6 @@ def refused(*args) -> str:
     _, err = (process := start(*args)).communicate(timeout=600)
     assert process.returncode == 1 and "Traceback" not in err, err[-3000:]
     return err.strip().splitlines()[-1]
-
-
-def tree(folder) -> dict:
-    """relative path -> content (a link: its target; a folder: None) of everything under folder."""
-    out = {}
-    for root, folders, names in os.walk(folder):
-        for name in folders + names:
-            path = os.path.join(root, name)
-            out[os.path.relpath(path, folder)] = (
-                os.readlink(path) if os.path.islink(path) else None if os.path.isdir(path)
-                else Path(path).read_bytes())
-    return out
 
 
 def test_output_folders_a_run_may_not_write_are_refused_before_anything_is_written(tmp_path):

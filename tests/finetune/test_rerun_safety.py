@@ -28,7 +28,7 @@ import pytest
 
 from electra_tf import files
 from electra_tf.finetune.saving import load_finetuned
-from tests.command_lines import snapshot
+from tests.command_lines import snapshot, tree
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--task=rotten_tomatoes", "--config=electra_tiny", "--max_train_examples=32",
@@ -58,18 +58,6 @@ def staging(model_dir: Path) -> list[Path]:
 
 
 folder_hashes = snapshot
-
-
-def tree(folder) -> dict:
-    """relative path -> content (a link: its target; a folder: None) of everything under folder."""
-    out = {}
-    for root, folders, names in os.walk(folder):
-        for name in folders + names:
-            path = os.path.join(root, name)
-            out[os.path.relpath(path, folder)] = (
-                os.readlink(path) if os.path.islink(path) else None if os.path.isdir(path)
-                else Path(path).read_bytes())
-    return out
 
 
 def described(model_dir: Path) -> dict:
