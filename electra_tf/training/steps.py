@@ -146,7 +146,12 @@ def make_loop_fn(model, strategy, jit_compile: bool = False, accumulation_steps:
     else:
         def step(features):
             return pretraining_step(model, features)
-    replica_step = tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
+    # autograph=False: the step has no Python control flow over tensors (the accumulation runs
+    # `tf.while_loop` itself), and converting every function it calls cost ~1 CPU-s of each
+    # trace (docs/benchmarks.md, "A train step's first call"); the loop below keeps autograph
+    # for its `tf.range` and `break`.
+    replica_step = tf.function(step, jit_compile=jit_compile, reduce_retracing=True,
+                               autograph=False)
 
     @tf.function
     def loop(iterator, num_steps, stop_flag):
