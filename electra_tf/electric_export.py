@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from electra_tf.data.preprocessor import TextPreprocessor
 from electra_tf.export import check_version, format_report, write_version
+from electra_tf.models.encoder import fused_attention_weights
 from electra_tf.scoring import Scorer, ScoringError, scored_positions, special_ids, token_scores
 
 
@@ -68,16 +69,17 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
     if not 2 < max_seq_length <= limit:
         raise ScoringError(f"max_seq_length must be in (2, {limit}], got {max_seq_length}")
     pre = TextPreprocessor(scorer.tokenizer, max_seq_length)
-    archive = keras.export.ExportArchive()
-    archive.track(scorer.discriminator)
-    archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
-    fn, spec = score_endpoint(scorer.discriminator, pre)
-    archive.add_endpoint("score", fn, input_signature=spec)
-    archive.add_endpoint("serving_default", fn, input_signature=spec)
     report = {"model_name": model_name, "family": "electric", "task": "score",
               "max_seq_length": max_seq_length, "lower_case": scorer.tokenizer.lower_case,
               "text_pair": False, "ids_only": False, "label_names": None}
-    target = write_version(archive, report, str(export_base), model_name, version)
+    with fused_attention_weights(scorer.discriminator):  # traced and written inside
+        archive = keras.export.ExportArchive()
+        archive.track(scorer.discriminator)
+        archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
+        fn, spec = score_endpoint(scorer.discriminator, pre)
+        archive.add_endpoint("score", fn, input_signature=spec)
+        archive.add_endpoint("serving_default", fn, input_signature=spec)
+        target = write_version(archive, report, str(export_base), model_name, version)
     if verbose:
         print(format_report(target, report))
     return target

@@ -66,6 +66,7 @@ from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
 from electra_tf.finetune.tasks import takes_pairs
+from electra_tf.models.encoder import fused_attention_weights
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 
@@ -246,20 +247,21 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
         description = description.replace(text_pair=takes_pairs(description.task))
     check_version(export_base, model_name, version)
     pre = TextPreprocessor.from_vocab(vocab_file, description.max_seq_length, description.lower_case)
-    archive = keras.export.ExportArchive()
-    archive.track(head)
-    archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
-    endpoints = signatures.for_head(head, description, pre)
-    if ids_only:  # the first endpoint is also written as serving_default
-        endpoints = {signatures.SERVE_IDS: endpoints[signatures.SERVE_IDS]}
-    for name, (fn, spec) in endpoints.items():
-        archive.add_endpoint(name, fn, input_signature=spec)
     report = {"model_name": model_name, "family": description.family, "task": description.task,
               "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
               "text_pair": get_family(description.family).text_pair(description), "ids_only": bool(ids_only),
               "label_names": description.label_names}
-    target = write_version(archive, report, export_base, model_name, version,
-                           method_names={k: v for k, v in signatures.METHOD_NAMES.items() if k in endpoints})
+    with fused_attention_weights(head):  # the signatures are traced and written inside
+        archive = keras.export.ExportArchive()
+        archive.track(head)
+        archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
+        endpoints = signatures.for_head(head, description, pre)
+        if ids_only:  # the first endpoint is also written as serving_default
+            endpoints = {signatures.SERVE_IDS: endpoints[signatures.SERVE_IDS]}
+        for name, (fn, spec) in endpoints.items():
+            archive.add_endpoint(name, fn, input_signature=spec)
+        target = write_version(archive, report, export_base, model_name, version,
+                               method_names={k: v for k, v in signatures.METHOD_NAMES.items() if k in endpoints})
     if verbose:
         print(format_report(target, report))
     return target

@@ -12,6 +12,9 @@ find them by path.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+
 import keras
 import tensorflow as tf
 from keras import ops
@@ -143,6 +146,33 @@ class Embeddings(keras.layers.Layer):
         return {**super().get_config(), "config": self.config.to_dict()}
 
 
+def _batch_matmul(a, b, adjoint_b=False):
+    return tf.matmul(a, b, transpose_b=adjoint_b)
+
+
+def _eigen_transpose(x, perm):
+    """`tf.transpose` through a same-width integer view: TensorFlow's oneDNN pass rewrites every
+    float transpose into a oneDNN reorder, ~45-75 us however small the tensor; an integer one
+    stays Eigen's (~8-10 us for one sentence's heads). A bitcast copies nothing."""
+    as_int = {2: tf.int16, 4: tf.int32, 8: tf.int64}[x.dtype.size]
+    return tf.bitcast(tf.transpose(tf.bitcast(x, as_int), perm), x.dtype)
+
+
+def _eigen_batch_matmul(a, b, adjoint_b=False):
+    """A batched matmul on Eigen's kernel: the oneDNN pass rewrites `BatchMatMulV2` (what
+    `tf.matmul` emits), not `BatchMatMulV3`."""
+    return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=adjoint_b)
+
+
+# (transpose, batched matmul) for SelfAttention's per-head work. oneDNN's are the faster from a
+# few hundred rows on (training batches, large requests); for a short request, Eigen's run the
+# same work ~2.5x faster (docs/benchmarks.md, "Serving latency").
+_ONEDNN = (tf.transpose, _batch_matmul)
+_EIGEN = (_eigen_transpose, _eigen_batch_matmul)
+# float32 inference calls with at most this many rows (batch x seq) take the Eigen kernels.
+EIGEN_ATTENTION_ROWS = 64
+
+
 @register
 class SelfAttention(keras.layers.MultiHeadAttention):
     """BERT self-attention with `keras.layers.MultiHeadAttention`'s weights, computed with matmuls.
@@ -172,34 +202,88 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         heads, head_dim = self._num_heads, self._key_dim
         width = heads * head_dim
         batch, seq, hidden = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
-        scale = self._inverse_sqrt_key_dim
-        dense = (self._query_dense, self._key_dense, self._value_dense)
-        kernel = tf.concat([tf.reshape(d.kernel, (hidden, width)) * s
-                            for d, s in zip(dense, (scale, 1.0, 1.0))], axis=1)  # [H, 3 width]
-        bias = tf.concat([tf.reshape(d.bias, (width,)) * s
-                          for d, s in zip(dense, (scale, 1.0, 1.0))], axis=0)  # [3 width]
+        fused = None if training else _FUSED_QKV.get(self)
+        if fused is None:
+            kernel, bias = self.qkv_weights()
+        else:  # an export's variables (`fused_attention_weights`)
+            kernel, bias = (tf.cast(w, x.dtype) for w in fused)
         qkv = tf.matmul(tf.reshape(x, (-1, hidden)), kernel) + bias  # [batch * seq, 3 width]
-        qkv = tf.transpose(tf.reshape(qkv, (batch, seq, 3, heads, head_dim)),
-                           (2, 0, 3, 1, 4))  # [3, batch, heads, seq, head_dim]
+        adder = (1.0 - tf.cast(attention_mask, qkv.dtype)) * -10000.0  # [batch, (seq,) seq]
+        # A [batch, seq, seq] mask gives each query its own keys (Electric's causal towers).
+        adder = adder[:, None, :, :] if adder.shape.rank == 3 else adder[:, None, None, :]
+        if training or qkv.dtype != tf.float32:  # Eigen's BatchMatMulV3 has no float16 CPU kernel
+            context = self._attend(qkv, adder, batch, seq, _ONEDNN, training)
+        else:  # a short request runs the small per-head ops faster on Eigen's kernels
+            context = tf.cond(batch * seq <= EIGEN_ATTENTION_ROWS,
+                              lambda: self._attend(qkv, adder, batch, seq, _EIGEN, False),
+                              lambda: self._attend(qkv, adder, batch, seq, _ONEDNN, False))
+        out_dense = self._output_dense
+        out = tf.matmul(context, tf.reshape(out_dense.kernel, (width, -1))) + out_dense.bias
+        return tf.reshape(out, (batch, seq, -1))  # [batch, seq, H]
+
+    def _attend(self, qkv, adder, batch, seq, kernels, training):
+        """The attention of the projected [batch * seq, 3 width] `qkv`: [batch * seq, width].
+        `kernels` (`_ONEDNN` or `_EIGEN`) gives the transpose and batched matmul to use."""
+        transpose, batch_matmul = kernels
+        heads, head_dim = self._num_heads, self._key_dim
+        qkv = transpose(tf.reshape(qkv, (batch, seq, 3, heads, head_dim)),
+                        (2, 0, 3, 1, 4))  # [3, batch, heads, seq, head_dim]
         # Batched matmuls over ONE batch axis (batch x heads): TF's oneDNN kernels ran the 4-D
         # [batch, heads, ...] form at ~55% of the 3-D one's speed (docs/benchmarks.md). Reshapes are free.
         qkv = tf.reshape(qkv, (3, batch * heads, seq, head_dim))
         # unstack, not qkv[i]: the gradient of each slice would be a full-size zero-padded tensor.
         query, key, value = tf.unstack(qkv)
-        scores = tf.reshape(tf.matmul(query, key, transpose_b=True),
+        scores = tf.reshape(batch_matmul(query, key, adjoint_b=True),
                             (batch, heads, seq, seq))  # [batch, heads, seq (query), seq (key)]
-        adder = (1.0 - tf.cast(attention_mask, scores.dtype)) * -10000.0  # [batch, (seq,) seq]
-        # A [batch, seq, seq] mask gives each query its own keys (Electric's causal towers).
-        adder = adder[:, None, :, :] if adder.shape.rank == 3 else adder[:, None, None, :]
         probs = tf.nn.softmax(scores + adder)
         if training and self._dropout > 0:  # the Keras layer's seed generator, our draw
             probs = dropout(probs, self._dropout, self._dropout_layer.seed_generator)
-        context = tf.matmul(tf.reshape(probs, (batch * heads, seq, seq)), value)
-        context = tf.transpose(tf.reshape(context, (batch, heads, seq, head_dim)), (0, 2, 1, 3))
-        context = tf.reshape(context, (-1, width))  # [batch * seq, width]
-        out_dense = self._output_dense
-        out = tf.matmul(context, tf.reshape(out_dense.kernel, (width, -1))) + out_dense.bias
-        return tf.reshape(out, (batch, seq, -1))  # [batch, seq, H]
+        context = batch_matmul(tf.reshape(probs, (batch * heads, seq, seq)), value)
+        context = transpose(tf.reshape(context, (batch, heads, seq, head_dim)), (0, 2, 1, 3))
+        return tf.reshape(context, (-1, heads * head_dim))  # [batch * seq, width]
+
+    def qkv_weights(self):
+        """(kernel [H, 3 width], bias [3 width]): the query, key and value projections side by
+        side, the query's scaled by 1/sqrt(head_dim)."""
+        hidden, width = self._query_dense.kernel.shape[0], self._num_heads * self._key_dim
+        dense = (self._query_dense, self._key_dense, self._value_dense)
+        scales = (self._inverse_sqrt_key_dim, 1.0, 1.0)
+        kernel = tf.concat([tf.reshape(d.kernel, (hidden, width)) * s
+                            for d, s in zip(dense, scales)], axis=1)
+        bias = tf.concat([tf.reshape(d.bias, (width,)) * s for d, s in zip(dense, scales)], axis=0)
+        return kernel, bias
+
+
+# SelfAttention -> (kernel, bias) variables its inference calls read instead of concatenating
+# the three projections (`fused_attention_weights`). Weak: an export's variables live as long as
+# the layer, and the layer's own tracking (checkpoints, .keras files) never sees them.
+_FUSED_QKV: "weakref.WeakKeyDictionary[SelfAttention, tuple]" = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def fused_attention_weights(model):
+    """Inside, every `SelfAttention` of `model` traced with `training=False` reads its
+    projections from one [H, 3 width] kernel and bias made here, as variables, instead of
+    concatenating (and scaling) three kernels in every call.
+
+    For exports: a signature traced inside reads the fused variables (which the SavedModel then
+    holds in place of the three projections: same size) and skips a copy of every layer's Q/K/V
+    kernels per request, ~1.9 ms of an ELECTRA-Small batch-1 request's ~15 ms of kernels
+    (docs/benchmarks.md, "Serving latency").
+    The values are those of `SelfAttention.qkv_weights` when the block is entered: a model that
+    trains on afterwards must be exported again. Training calls never use them.
+    """
+    layers = [layer for layer in model._flatten_layers() if isinstance(layer, SelfAttention)]
+    try:
+        for layer in layers:
+            kernel, bias = layer.qkv_weights()
+            _FUSED_QKV[layer] = (
+                tf.Variable(kernel, trainable=False, name=f"{layer.name}_fused_qkv_kernel"),
+                tf.Variable(bias, trainable=False, name=f"{layer.name}_fused_qkv_bias"))
+        yield
+    finally:
+        for layer in layers:
+            _FUSED_QKV.pop(layer, None)
 
 
 @register
@@ -251,8 +335,23 @@ class TransformerLayer(keras.layers.Layer):
         # attention_mask: [batch, seq] of 1 for real tokens.
         attended = self.attention(x, attention_mask, training=training)
         x = self.attention_layer_norm(x + self.attention_dropout(attended, training=training))
-        hidden = self.output_dense(self.intermediate(x))
+        hidden = self._feed_forward(x)
         return self.output_layer_norm(x + self.output_dropout(hidden, training=training))
+
+    def _feed_forward(self, x):
+        """The FFN with the Dense layers' weights as 2-D matmuls, each followed by its bias add.
+
+        `keras.layers.Dense` on [batch, seq, H] goes through a tensordot whose reshape sits
+        between the matmul and the bias add, so TensorFlow's graph optimiser could not fuse
+        them; written flat, each matmul takes its bias (and in an inference graph the
+        intermediate one its GELU) in one oneDNN kernel. Same values: the same matmul on the
+        same rows (docs/benchmarks.md, "Serving latency").
+        """
+        inner, outer = self.intermediate, self.output_dense
+        rows = tf.reshape(x, (-1, x.shape[-1]))
+        hidden = inner.activation(tf.nn.bias_add(tf.matmul(rows, inner.kernel), inner.bias))
+        out = tf.nn.bias_add(tf.matmul(hidden, outer.kernel), outer.bias)
+        return tf.reshape(out, tf.concat([tf.shape(x)[:-1], [outer.units]], axis=0))
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}

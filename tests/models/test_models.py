@@ -131,6 +131,48 @@ def test_self_attention_computes_what_keras_multi_head_attention_does():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch, seq", [(1, 9), (3, 30)])  # rows below / above EIGEN_ATTENTION_ROWS
+def test_inference_forms_of_self_attention_compute_the_training_form(batch, seq):
+    """Inference takes Eigen's kernels for short requests and, inside `fused_attention_weights`
+    (exports), one fused Q/K/V variable: both are speed-ups of the same function."""
+    from electra_tf.models import encoder
+
+    assert (batch * seq <= encoder.EIGEN_ATTENTION_ROWS) == (batch == 1)
+    layer = encoder.SelfAttention(num_heads=4, key_dim=16)
+    layer.build((None, None, 64), (None, None, 64))
+    rng = np.random.default_rng(1)
+    layer.set_weights([rng.normal(0, 0.3, w.shape).astype(np.float32) for w in layer.get_weights()])
+    x = tf.constant(rng.normal(size=(batch, seq, 64)), tf.float32)
+    mask = np.ones((batch, seq), np.int32)
+    mask[-1, seq // 2:] = 0
+    mask = tf.constant(mask)
+    infer = tf.function(lambda x: layer(x, mask, training=False))
+    training_form = layer(x, mask, training=True).numpy()  # no dropout in this layer
+    for got in (infer(x), layer(x, mask, training=False)):
+        np.testing.assert_allclose(got.numpy(), training_form, rtol=1e-5, atol=1e-5)
+    graph = infer.get_concrete_function(x).graph.as_graph_def()
+    ops = {node.op for f in graph.library.function for node in f.node_def}
+    assert {"BatchMatMulV3", "BatchMatMulV2", "Bitcast"} <= ops  # both kernel sets, chosen at run time
+
+    with encoder.fused_attention_weights(layer):
+        fused = tf.function(lambda x: layer(x, mask, training=False))
+        fused_graph = fused.get_concrete_function(x).graph
+        got = fused(x).numpy()
+        np.testing.assert_array_equal(layer(x, mask, training=True).numpy(), training_form)
+    np.testing.assert_allclose(got, training_form, rtol=1e-5, atol=1e-5)
+    assert "ConcatV2" not in {op.type for op in fused_graph.get_operations()}  # nothing per call
+    assert layer not in encoder._FUSED_QKV  # gone with the block: later traces read the kernels
+    np.testing.assert_array_equal(tf.function(lambda x: layer(x, mask, training=False))(x).numpy(),
+                                  infer(x).numpy())
+    for policy in ("mixed_float16", "mixed_bfloat16"):  # inference in the mixed precisions runs too
+        half = encoder.SelfAttention(num_heads=4, key_dim=16, dtype=policy)
+        half.build((None, None, 64), (None, None, 64))
+        half.set_weights(layer.get_weights())
+        got = tf.function(lambda x: half(x, mask, training=False))(x)
+        error = np.abs(tf.cast(got, tf.float32).numpy() - training_form).mean()
+        assert error < 0.02 * np.abs(training_form).mean(), (policy, error)  # the format's rounding
+
+
 def test_dropout_rate_expectation_and_fresh_draws():
     from electra_tf.models.encoder import Dropout
 
