@@ -164,11 +164,19 @@ def _eigen_batch_matmul(a, b, adjoint_b=False):
     return tf.raw_ops.BatchMatMulV3(x=a, y=b, Tout=a.dtype, adj_y=adjoint_b)
 
 
-# (transpose, batched matmul) for SelfAttention's per-head work. oneDNN's are the faster from a
-# few hundred rows on (training batches, large requests); for a short request, Eigen's run the
-# same work ~2.5x faster (docs/benchmarks.md, "Serving latency").
-_ONEDNN = (tf.transpose, _batch_matmul)
-_EIGEN = (_eigen_transpose, _eigen_batch_matmul)
+def _elementwise_softmax(scores):
+    """Softmax over the last axis as element-wise ops and reductions (what TensorFlow's own CPU
+    kernel computes): the oneDNN pass rewrites `Softmax`, ~80 us at one sentence's [1, heads,
+    12, 12] against a few us for these."""
+    exp = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))
+    return exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
+
+
+# (transpose, batched matmul, softmax) for SelfAttention's per-head work. oneDNN's are the faster
+# from a few hundred rows on (training batches, large requests); for a short request, Eigen's run
+# the same work ~2.5x faster (docs/benchmarks.md, "Serving latency").
+_ONEDNN = (tf.transpose, _batch_matmul, tf.nn.softmax)
+_EIGEN = (_eigen_transpose, _eigen_batch_matmul, _elementwise_softmax)
 # float32 inference calls with at most this many rows (batch x seq) take the Eigen kernels.
 EIGEN_ATTENTION_ROWS = 64
 
@@ -223,8 +231,8 @@ class SelfAttention(keras.layers.MultiHeadAttention):
 
     def _attend(self, qkv, adder, batch, seq, kernels, training):
         """The attention of the projected [batch * seq, 3 width] `qkv`: [batch * seq, width].
-        `kernels` (`_ONEDNN` or `_EIGEN`) gives the transpose and batched matmul to use."""
-        transpose, batch_matmul = kernels
+        `kernels` (`_ONEDNN` or `_EIGEN`) gives the transpose, batched matmul and softmax to use."""
+        transpose, batch_matmul, softmax = kernels
         heads, head_dim = self._num_heads, self._key_dim
         qkv = transpose(tf.reshape(qkv, (batch, seq, 3, heads, head_dim)),
                         (2, 0, 3, 1, 4))  # [3, batch, heads, seq, head_dim]
@@ -235,7 +243,7 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         query, key, value = tf.unstack(qkv)
         scores = tf.reshape(batch_matmul(query, key, adjoint_b=True),
                             (batch, heads, seq, seq))  # [batch, heads, seq (query), seq (key)]
-        probs = tf.nn.softmax(scores + adder)
+        probs = softmax(scores + adder)
         if training and self._dropout > 0:  # the Keras layer's seed generator, our draw
             probs = dropout(probs, self._dropout, self._dropout_layer.seed_generator)
         context = batch_matmul(tf.reshape(probs, (batch * heads, seq, seq)), value)
