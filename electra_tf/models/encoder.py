@@ -191,7 +191,10 @@ class SelfAttention(keras.layers.MultiHeadAttention):
     einsums, each a batched matmul with its own transposes; here ONE [H, 3H] matmul projects all
     three (the 1/sqrt(head_dim) scale folded into the query kernel), and the scores and the
     weighted sum are batched matmuls over [batch x heads, seq, head_dim]. Padding keys get -10000
-    added to their scores, as the original `modeling.py` (`attention_mask` adder).
+    added to their scores, as the original `modeling.py` (`attention_mask` adder). Inference
+    calls (float32, `training` false) of at most `EIGEN_ATTENTION_ROWS` rows run the per-head
+    transposes, products and softmax on Eigen's kernels, faster than oneDNN's at one sentence's
+    size; inside `fused_attention_weights` (exports) the projections come from one fused variable.
 
     Called as `layer(x, attention_mask, training=...)` with x [batch, seq, H] and attention_mask
     [batch, seq] (1 for real tokens), or [batch, seq (query), seq (key)] (1 where the query may
