@@ -153,7 +153,7 @@ def _batch_matmul(a, b, adjoint_b=False):
 def _eigen_transpose(x, perm):
     """`tf.transpose` through a same-width integer view: TensorFlow's oneDNN pass rewrites every
     float transpose into a oneDNN reorder, ~45-75 us however small the tensor; an integer one
-    stays Eigen's (~8-10 us for one sentence's heads). A bitcast copies nothing."""
+    stays Eigen's (~8-10 us for one sentence's heads; AVX-512 EPYC). A bitcast copies nothing."""
     as_int = {2: tf.int16, 4: tf.int32, 8: tf.int64}[x.dtype.size]
     return tf.bitcast(tf.transpose(tf.bitcast(x, as_int), perm), x.dtype)
 
@@ -167,14 +167,15 @@ def _eigen_batch_matmul(a, b, adjoint_b=False):
 def _elementwise_softmax(scores):
     """Softmax over the last axis as element-wise ops and reductions (what TensorFlow's own CPU
     kernel computes): the oneDNN pass rewrites `Softmax`, ~80 us at one sentence's [1, heads,
-    12, 12] against a few us for these."""
+    12, 12] against a few us for these (AVX-512 EPYC)."""
     exp = tf.exp(scores - tf.reduce_max(scores, axis=-1, keepdims=True))
     return exp / tf.reduce_sum(exp, axis=-1, keepdims=True)
 
 
 # (transpose, batched matmul, softmax) for SelfAttention's per-head work. oneDNN's are the faster
 # from a few hundred rows on (training batches, large requests); for a short request, Eigen's run
-# the same work ~2.5x faster (docs/benchmarks.md, "Serving latency").
+# the same work ~2.5x faster (AVX-512 EPYC; docs/benchmarks.md, "Serving latency"; not measured on
+# an AVX2-only CPU).
 _ONEDNN = (tf.transpose, _batch_matmul, tf.nn.softmax)
 _EIGEN = (_eigen_transpose, _eigen_batch_matmul, _elementwise_softmax)
 # float32 inference calls with at most this many rows (batch x seq) take the Eigen kernels.
@@ -362,7 +363,7 @@ class TransformerLayer(keras.layers.Layer):
         rows = tf.reshape(x, (-1, x.shape[-1]))
         hidden = inner.activation(tf.nn.bias_add(tf.matmul(rows, inner.kernel), inner.bias))
         out = tf.nn.bias_add(tf.matmul(hidden, outer.kernel), outer.bias)
-        return tf.reshape(out, tf.concat([tf.shape(x)[:-1], [outer.units]], axis=0))
+        return tf.reshape(out, tf.shape(x))  # the FFN maps H back to H
 
     def get_config(self):
         return {**super().get_config(), "config": self.config.to_dict()}
