@@ -82,3 +82,40 @@ def test_equal_compute_plans_keep_the_training_loop_at_10_to_50_steps_per_call(t
     plan = steps_for_equal_compute(small, str(vocab), 64)
     assert plan["electra"][0] == 10
     assert abs(plan["mlm"][0] * plan["mlm"][1] - 10 * plan["electra"][1]) <= plan["mlm"][1] / 2
+
+
+def test_a_signal_recorded_inside_a_finalizer_during_the_last_stage_writes_no_summary(
+        tmp_path, monkeypatch):
+    """A SIGTERM that lands in a `__del__` (TensorFlow has many) is only recorded; the demo must
+    stop before writing summary.json, which says it finished. The stages' work is replaced by
+    their results: what is checked is the order of the last stage's end, the check and the write."""
+    import os
+    import signal
+
+    from electra_tf.training import preemption
+
+    accuracy = {"seeds": [1, 2], "values": [0.7, 0.8], "median": 0.75, "min": 0.7, "max": 0.8}
+    runs = {"runs": [{"seed": 1, "best_model_dir": "m1"}, {"seed": 2, "best_model_dir": "m2"}]}
+
+    class SignalledWhenCollected:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def serve_and_query(*_):
+        SignalledWhenCollected()  # collected here: the signal's handler runs inside its __del__
+        return {"answers": [], "all_match": True}
+
+    for name, result in (("build_corpus", "c"), ("build_vocab", "v"), ("build_shards", "s"),
+                         ("export", "e")):
+        monkeypatch.setattr(demo, name, lambda *_, _r=result, **__: _r)
+    monkeypatch.setattr(demo, "pretrain", lambda *_, **__: {"discriminator": "d/discriminator",
+                                                             "steps": 1, "metrics": {}})
+    monkeypatch.setattr(demo, "finetune_rotten_tomatoes", lambda *_, **__: runs)
+    monkeypatch.setattr(demo, "seed_accuracies", lambda _: dict(accuracy))
+    monkeypatch.setattr(demo, "serve_and_query", serve_and_query)
+    cfg = demo.DemoConfig(workdir=str(tmp_path))
+
+    with pytest.raises(preemption.Interrupted, match=r"stage 6/6 serve: stopped on SIGTERM") as e:
+        demo.run(cfg)
+    assert e.value.signum == signal.SIGTERM
+    assert not (tmp_path / "summary.json").exists()
