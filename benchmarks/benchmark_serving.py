@@ -16,8 +16,11 @@ client, on the same sentences for every row:
 - `saved_model`: `tf.saved_model.load` in this process, the `serving_default` signature (text in);
 - `saved_model_ids`: the same model's `serve_ids` on pre-tokenized ids padded to max_seq_length
   (no tokenization);
-- `REST` / `gRPC`: the local `serving.server.ModelServer` on 127.0.0.1 through
-  `serving.client.RestClient` / `GrpcClient` (columnar request, text in, labels out).
+- `REST` / `gRPC`: the local server, `electra-serve` in a child process as deployed
+  (--server_process=same: `serving.server.ModelServer` in this process, where its threads share
+  this process's interpreter lock with the client), on 127.0.0.1, through
+  `serving.client.RestClient` (one kept-alive connection) / `GrpcClient` (columnar request, text
+  in, labels out). What the server adds is its row's p50 less saved_model's.
 
 Padding: torch, onnxruntime, saved_model and the server rows pad each request to its longest row
 (our `serving_default` does, `SentenceFamily.serving_signature`); only saved_model_ids gets the
@@ -70,6 +73,9 @@ _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Tokens per exampl
 _THREADS = flags.DEFINE_integer("reference_threads", 2, "torch threads and ONNX Runtime intra-op threads.")
 _REFERENCE_PROCESS = flags.DEFINE_enum("reference_process", "same", ["same", "child"],
                                        "Run torch and onnxruntime in this process or each in a child process.")
+_SERVER_PROCESS = flags.DEFINE_enum("server_process", "child", ["child", "same"],
+                                    "Run the server of the REST / gRPC rows as `electra-serve` in a child "
+                                    "process (as deployed) or in this process (`ModelServer`).")
 _JSON = flags.DEFINE_string("json", None, "Also write every number, the CPU line and the versions here.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
 
@@ -126,14 +132,63 @@ def tensorflow_timers(wanted, export, batches, ids, stack) -> dict:
     }
     if {"REST", "gRPC"} & set(wanted):
         name = export.model_name
-        server = stack.enter_context(ModelServer(os.path.dirname(export.path), name, rest_port=0, grpc_port=0))
-        clients = {"REST": RestClient("127.0.0.1", server.rest_port, name),
-                   "gRPC": stack.enter_context(GrpcClient("127.0.0.1", server.grpc_port, name))}
+        if _SERVER_PROCESS.value == "same":
+            server = stack.enter_context(ModelServer(os.path.dirname(export.path), name, rest_port=0, grpc_port=0))
+            rest_port, grpc_port = server.rest_port, server.grpc_port
+        else:
+            rest_port, grpc_port = serve_in_child(os.path.dirname(export.path), name, stack)
+        clients = {"REST": stack.enter_context(RestClient("127.0.0.1", rest_port, name)),
+                   "gRPC": stack.enter_context(GrpcClient("127.0.0.1", grpc_port, name))}
         for row, client in clients.items():
             client.signature()  # metadata fetched once, outside the timings
             timers[row] = lambda b, client=client: time_requests(
                 lambda: client.predict({"text": batches[b]}), seconds, min_requests)
     return {row: timer for row, timer in timers.items() if row in wanted}
+
+
+def serve_in_child(model_base: str, name: str, stack, timeout: float = 300.0) -> tuple[int, int]:
+    """(REST port, gRPC port) of `electra-serve` on `model_base`, started in a child process on
+    free loopback ports and stopped by `stack`, once the model is AVAILABLE."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from electra_tf.serving.client import RestClient, ServingRequestError
+
+    log = open(os.path.join(os.path.dirname(model_base), f"{name}_server.log"), "w+")
+    stack.callback(log.close)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}",
+         f"--model_name={name}", "--rest_api_port=0", "--port=0"],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+    def stop():
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    stack.callback(stop)
+    deadline, ports = time.monotonic() + timeout, None
+    while time.monotonic() < deadline and process.poll() is None:
+        log.seek(0)
+        text = log.read()
+        rest, grpc = re.search(r"REST API at http://[^:]+:(\d+)/", text), re.search(r"gRPC API at \S+:(\d+)", text)
+        if rest and grpc:
+            ports = int(rest.group(1)), int(grpc.group(1))
+            try:
+                with RestClient("127.0.0.1", ports[0], name) as client:
+                    states = client.status()["model_version_status"]
+                if any(s["state"] == "AVAILABLE" for s in states):
+                    return ports
+            except ServingRequestError:
+                pass
+        time.sleep(0.2)
+    log.seek(0)
+    raise RuntimeError(f"electra-serve did not serve {name} within {timeout:g} s:\n{log.read()[-3000:]}")
 
 
 def time_rounds(timers: dict, order: list[str], batch_sizes: list[int]) -> dict:

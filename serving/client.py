@@ -29,8 +29,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import urllib.error
-import urllib.request
+import threading
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -174,35 +173,74 @@ def _from_json(value: Any, dtype_name: str) -> np.ndarray:
 
 
 class RestClient(_Client):
-    """TF Serving REST client (stdlib urllib)."""
+    """TF Serving REST client (standard library `http.client`).
+
+    Requests go over one kept-alive HTTP/1.1 connection per thread: a new TCP connection per
+    request, and the server's thread for it, cost more than a small model's answer (measured in
+    docs/benchmarks.md). A request whose kept-alive connection the server had closed in the
+    meantime (its idle timeout, or a newer client at its connection cap) is sent once more on a
+    new connection; requests are reads, so sending one twice changes nothing."""
+
+    def __init__(self, host: str, port: int, model_name: str, timeout: float = 60.0):
+        super().__init__(host, port, model_name, timeout)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        """Closes this thread's connection (the next request opens another)."""
+        connection = getattr(self._local, "connection", None)
+        self._local.connection = None
+        if connection is not None:
+            connection.close()
+
+    def __enter__(self) -> "RestClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _url(self, version: int | None, suffix: str = "") -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address
-        url = f"http://{host}:{self.port}/v1/models/{self.model_name}"
+        """The path of the model's URL (on this client's host and port)."""
+        url = f"/v1/models/{self.model_name}"
         if version is not None:
             url += f"/versions/{int(version)}"
         return url + suffix
 
-    def _call(self, url: str, body: dict | None = None) -> dict:
-        data = None if body is None else json.dumps(body).encode("utf-8")
-        request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                status, text = response.status, response.read()
-        except urllib.error.HTTPError as e:
+    def _send(self, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """(status, body) of one request on this thread's connection."""
+        for attempt in (1, 2):
+            connection = getattr(self._local, "connection", None)
+            reused = connection is not None
+            if connection is None:
+                connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+                self._local.connection = connection
             try:
-                text = e.read().decode("utf-8", "replace")
-            except (OSError, http.client.HTTPException):  # the connection dropped mid-answer
-                text = ""
+                connection.request("GET" if data is None else "POST", path, body=data,
+                                   headers={"Content-Type": "application/json"} if data is not None else {})
+                response = connection.getresponse()
+                status, text = response.status, response.read()
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+                self.close()
+                if reused and attempt == 1:  # closed by the server while kept alive: once more
+                    continue
+                raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+            except (OSError, http.client.HTTPException) as e:  # refused, unknown host, timed out
+                self.close()
+                raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+            if response.will_close:
+                self.close()
+            return status, text
+        raise AssertionError("unreachable")
+
+    def _call(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        status, text = self._send(path, data)
+        if not 200 <= status < 300:
+            text = text.decode("utf-8", "replace")
             try:
                 message = json.loads(text).get("error", text)
             except (ValueError, AttributeError):  # not a JSON object: another kind of server answered
                 message = text
-            raise ServingRequestError(e.code, " ".join(str(message).split()) or e.reason) from None
-        except urllib.error.URLError as e:  # connection refused, unknown host, no route
-            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e.reason)) from None
-        except (OSError, http.client.HTTPException) as e:  # reset, closed without an answer, timed out
-            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+            raise ServingRequestError(status, " ".join(str(message).split()) or http.client.responses.get(status, ""))
         try:
             answer = json.loads(text)
         except ValueError:

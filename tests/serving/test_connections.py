@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from electra_tf.serving.client import RestClient
 from electra_tf.serving.server import ModelServer
 
 MAX_BODY = 64 * 1024
@@ -108,6 +109,33 @@ def test_idle_connection_is_closed_after_the_timeout(short_server):
         for sock in (silent, kept_alive):
             waited = closed_by_server_within(sock, 10)
             assert waited is not None and waited < 5  # 1 s timeout; slack for a loaded machine
+
+
+def test_the_rest_client_keeps_a_connection_per_thread_and_resends_once_after_the_server_closed_it(
+        short_server):
+    """RestClient sends a thread's requests over one kept-alive connection (one client port for
+    all of them), threads do not share one, and a request on a connection the server closed
+    while it was idle (after 1 s here) goes out again on a new connection instead of failing."""
+    with RestClient("127.0.0.1", short_server.rest_port, "tiny") as client:
+
+        def ports_of_requests(n: int) -> set:
+            ports = set()
+            for _ in range(n):
+                assert client.status()["model_version_status"][0]["state"] == "AVAILABLE"
+                ports.add(client._local.connection.sock.getsockname()[1])
+            return ports
+
+        first = ports_of_requests(5)
+        assert len(first) == 1
+        others = []
+        threads = [threading.Thread(target=lambda: others.append(ports_of_requests(5))) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [len(p) for p in others] == [1, 1, 1] and len(set().union(first, *others)) == 4
+        time.sleep(3)  # past the server's idle timeout: it has closed this thread's connection
+        assert not ports_of_requests(1) & first
 
 
 def test_slow_loris_clients_do_not_block_others_and_are_cut_off(short_server):
