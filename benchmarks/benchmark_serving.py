@@ -16,11 +16,12 @@ client, on the same sentences for every row:
 - `saved_model`: `tf.saved_model.load` in this process, the `serving_default` signature (text in);
 - `saved_model_ids`: the same model's `serve_ids` on pre-tokenized ids padded to max_seq_length
   (no tokenization);
-- `REST` / `gRPC`: the local server, `electra-serve` in a child process as deployed
-  (--server_process=same: `serving.server.ModelServer` in this process, where its threads share
-  this process's interpreter lock with the client), on 127.0.0.1, through
-  `serving.client.RestClient` (one kept-alive connection) / `GrpcClient` (columnar request, text
-  in, labels out). What the server adds is its row's p50 less saved_model's.
+- `REST` / `gRPC`: the local server on 127.0.0.1 through `serving.client.RestClient` (one
+  kept-alive connection) / `GrpcClient` (columnar request, text in, labels out): by default
+  `electra-serve --model_threads=1` (--server_flags) in a child process, as deployed, one model
+  call at a time with every core as the saved_model row has (--server_process=same: `ModelServer` in this
+  process, its threads sharing this process's interpreter lock with the client). What the server
+  adds is its row's p50 less saved_model's.
 
 Padding: torch, onnxruntime, saved_model and the server rows pad each request to its longest row
 (our `serving_default` does, `SentenceFamily.serving_signature`); only saved_model_ids gets the
@@ -76,6 +77,11 @@ _REFERENCE_PROCESS = flags.DEFINE_enum("reference_process", "same", ["same", "ch
 _SERVER_PROCESS = flags.DEFINE_enum("server_process", "child", ["child", "same"],
                                     "Run the server of the REST / gRPC rows as `electra-serve` in a child "
                                     "process (as deployed) or in this process (`ModelServer`).")
+# One client sends one request at a time: by default one model call at a time with every core
+# for it, as the in-process saved_model row runs (electra-serve's own default, one call per core
+# with one thread each, is for many clients at once: serving/README.md).
+_SERVER_FLAGS = flags.DEFINE_list("server_flags", ["--model_threads=1"],
+                                  "More flags for the child electra-serve (comma-separated).")
 _JSON = flags.DEFINE_string("json", None, "Also write every number, the CPU line and the versions here.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
 
@@ -160,7 +166,7 @@ def serve_in_child(model_base: str, name: str, stack, timeout: float = 300.0) ->
     stack.callback(log.close)
     process = subprocess.Popen(
         [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}",
-         f"--model_name={name}", "--rest_api_port=0", "--port=0"],
+         f"--model_name={name}", "--rest_api_port=0", "--port=0", *_SERVER_FLAGS.value],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def stop():
@@ -220,6 +226,14 @@ def print_results(table: list[dict], ratios: dict, order: list[str], load: list[
             print(f"  p50 at batch 1   {name:<26} {value:.2f}")
         for name, per_batch in ratios["examples_per_s"].items():
             print(f"  examples/s       {name:<26} " + ", ".join(f"batch {b}: {v:.2f}" for b, v in per_batch.items()))
+    p50 = {(t["row"], t["batch"]): t["p50_ms"] for t in table}
+    added = {row: p50[(row, b)] - p50[("saved_model", b)] for row in ("REST", "gRPC") for b in (1,)
+             if (row, b) in p50 and ("saved_model", b) in p50}
+    if added:
+        server = (f"electra-serve {' '.join(_SERVER_FLAGS.value)} in a child process"
+                  if _SERVER_PROCESS.value == "child" else "ModelServer in this process")
+        print(f"\nThe server ({server}) adds at batch 1, p50 less saved_model's: "
+              + ", ".join(f"{row} {ms:+.1f} ms" for row, ms in added.items()))
 
 
 def main(argv):
@@ -285,7 +299,9 @@ def main(argv):
             json.dump({"cpu": cpu, "versions": versions, "config": _CONFIG.value, "weights": weights,
                        "max_seq_length": max_seq_length, "longest_row": {str(b): n for b, n in longest.items()},
                        "rounds": _ROUNDS.value, "seconds": _SECONDS.value, "min_requests": _MIN_REQUESTS.value,
-                       "reference_process": _REFERENCE_PROCESS.value, "reference_rows": reference_info,
+                       "reference_process": _REFERENCE_PROCESS.value, "server_process": _SERVER_PROCESS.value,
+                       "server_flags": _SERVER_FLAGS.value if _SERVER_PROCESS.value == "child" else None,
+                       "reference_rows": reference_info,
                        "skipped": skipped, "load_average": load, "rows": table, "ratios": ratios}, f, indent=1)
         print(f"\nwrote {_JSON.value}")
 

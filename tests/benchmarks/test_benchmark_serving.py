@@ -7,6 +7,7 @@ and skip without them.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -47,8 +48,12 @@ def test_every_row_at_every_batch_size_with_ratios(references, tmp_path):
     assert "Versions: tensorflow" in report and "onnxruntime" in report
     assert "agrees with PyTorch within" in report
     assert "p50 at batch 1   saved_model/torch" in report
+    # The server rows ran against electra-serve in its own process, as deployed.
+    assert re.search(r"The server \(electra-serve --model_threads=1 in a child process\) adds at batch 1, "
+                     r"p50 less saved_model's: REST [+-]\d+\.\d ms, gRPC [+-]\d+\.\d ms", report), report
 
     result = json.loads(out.read_text())
+    assert result["server_process"] == "child" and result["server_flags"] == ["--model_threads=1"]
     assert result["cpu"] == cpu.cpu_description()
     assert set(result["versions"]) >= {"tensorflow", "torch", "transformers", "onnxruntime"}
     cells = {(row["row"], row["batch"]): row for row in result["rows"]}
