@@ -206,30 +206,39 @@ class RestClient(_Client):
         return url + suffix
 
     def _send(self, path: str, data: bytes | None) -> tuple[int, bytes]:
-        """(status, body) of one request on this thread's connection."""
-        for attempt in (1, 2):
-            connection = getattr(self._local, "connection", None)
-            reused = connection is not None
-            if connection is None:
-                connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-                self._local.connection = connection
-            try:
-                connection.request("GET" if data is None else "POST", path, body=data,
-                                   headers={"Content-Type": "application/json"} if data is not None else {})
-                response = connection.getresponse()
-                status, text = response.status, response.read()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
-                self.close()
-                if reused and attempt == 1:  # closed by the server while kept alive: once more
-                    continue
+        """(status, body) of one request on this thread's connection; a kept-alive connection
+        that the server had closed is replaced once."""
+        reused = getattr(self._local, "connection", None) is not None
+        try:
+            return self._exchange(path, data)
+        except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+            if not reused:
                 raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
-            except (OSError, http.client.HTTPException) as e:  # refused, unknown host, timed out
-                self.close()
-                raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
-            if response.will_close:
-                self.close()
-            return status, text
-        raise AssertionError("unreachable")
+        except (OSError, http.client.HTTPException) as e:  # refused, unknown host, timed out
+            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+        try:  # once more, on a new connection
+            return self._exchange(path, data)
+        except (OSError, http.client.HTTPException) as e:
+            raise UnreachableServerError("UNAVAILABLE", self._transport_problem(e)) from None
+
+    def _exchange(self, path: str, data: bytes | None) -> tuple[int, bytes]:
+        """One request and its answer; the connection is closed when either fails or the server
+        says it closes it."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = http.client.HTTPConnection(self.host, self.port,
+                                                                             timeout=self.timeout)
+        try:
+            connection.request("GET" if data is None else "POST", path, body=data,
+                               headers={} if data is None else {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            status, text = response.status, response.read()
+        except BaseException:
+            self.close()
+            raise
+        if response.will_close:
+            self.close()
+        return status, text
 
     def _call(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode("utf-8")
