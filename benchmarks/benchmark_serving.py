@@ -162,7 +162,8 @@ def serve_in_child(model_base: str, name: str, stack, timeout: float = 300.0) ->
 
     from electra_tf.serving.client import RestClient, ServingRequestError
 
-    log = open(os.path.join(os.path.dirname(model_base), f"{name}_server.log"), "w+")
+    log = tempfile.NamedTemporaryFile("w+", dir=os.path.dirname(model_base), prefix=f"{name}_server.",
+                                      suffix=".log", delete=False)  # kept: why a server failed
     stack.callback(log.close)
     process = subprocess.Popen(
         [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}",
