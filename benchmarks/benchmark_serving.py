@@ -14,6 +14,8 @@ client, on the same sentences for every row:
 - `onnxruntime`: that PyTorch model exported to ONNX, run by ONNX Runtime, same tokenizer; checked
   at setup to answer the PyTorch model's probabilities (1e-4) before it is timed;
 - `saved_model`: `tf.saved_model.load` in this process, the `serving_default` signature (text in);
+- `saved_model_variables`: the same head exported with `freeze=False` (its weights as variables,
+  as every export was before they were frozen into the graph), `serving_default`;
 - `saved_model_ids`: the same model's `serve_ids` on pre-tokenized ids padded to max_seq_length
   (no tokenization);
 - `REST` / `gRPC`: the local server on 127.0.0.1 through `serving.client.RestClient` (one
@@ -61,7 +63,7 @@ from absl import app, flags
 from electra_tf import cli
 
 REFERENCE_ROWS = ("torch", "onnxruntime")
-ROWS = (*REFERENCE_ROWS, "saved_model", "saved_model_ids", "REST", "gRPC")
+ROWS = (*REFERENCE_ROWS, "saved_model", "saved_model_variables", "saved_model_ids", "REST", "gRPC")
 
 _CONFIG = flags.DEFINE_string("config", "electra_small", "Model config: a name in configs/ or a JSON path.")
 _VOCAB = flags.DEFINE_string("vocab_file", None, "WordPiece vocab (default: made from Rotten Tomatoes).")
@@ -136,6 +138,15 @@ def tensorflow_timers(wanted, export, batches, ids, stack) -> dict:
         "saved_model_ids": lambda b: time_requests(lambda: ids_fn(**tensors[b])["logits"].numpy(),
                                                    seconds, min_requests),
     }
+    if "saved_model_variables" in wanted:
+        from electra_tf.export import export_head
+
+        kept = tf.saved_model.load(export_head(
+            export.head, export.description, export.vocab_file,
+            os.path.dirname(os.path.dirname(export.path)) + "_variables",  # not the served base
+            export.model_name, freeze=False, verbose=False)).signatures["serving_default"]
+        timers["saved_model_variables"] = lambda b: time_requests(
+            lambda: kept(text=texts[b])["label"].numpy(), seconds, min_requests)
     if {"REST", "gRPC"} & set(wanted):
         name = export.model_name
         if _SERVER_PROCESS.value == "same":

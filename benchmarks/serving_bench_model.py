@@ -27,6 +27,7 @@ class ClassifierExport(NamedTuple):
     model_config: Any = None  # the head's ElectraConfig (vocab_size that of vocab_file)
     vocab_file: str = ""  # the vocabulary exported with the model
     model_name: str = "electra_small"  # the served name: the config's file name without .json
+    description: Any = None  # what export_head was told besides the head (task, labels, length)
 
 
 def config_name(config: str) -> str:
@@ -57,7 +58,7 @@ def export_classifier(work: str, vocab_file: str | None, max_seq_length: int,
     start = time.perf_counter()
     path = export_head(head, info, vocab_file, os.path.join(work, "export"), name, verbose=False)
     return ClassifierExport(path, head, WordpieceTokenizer(vocab_file), sentences, time.perf_counter() - start,
-                            model_config, vocab_file, name)
+                            model_config, vocab_file, name, info)
 
 
 def export_small_classifier(work: str, vocab_file: str | None, max_seq_length: int) -> ClassifierExport:

@@ -56,6 +56,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -214,9 +215,20 @@ def next_version(model_base: str) -> int:
     return latest + 1
 
 
+# Heads up to this many bytes of weights are exported frozen (`export_head`): ELECTRA-Base's
+# ~440 MB is; Large's ~1.3 GB is not, as saved_model.pb, a protobuf, must stay under 2 GB.
+FREEZE_LIMIT_BYTES = 1 << 30
+
+
+def weight_bytes(model) -> int:
+    """Bytes of `model`'s weights."""
+    return sum(int(np.prod(w.shape)) * tf.as_dtype(w.dtype).size for w in model.weights)
+
+
 def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], vocab_file: str,
                 export_base: str, model_name: str, version: int | None = None,
-                pair: bool | None = None, ids_only: bool = False, verbose: bool = True) -> str:
+                pair: bool | None = None, ids_only: bool = False, verbose: bool = True,
+                freeze: bool | None = None) -> str:
     """Export a fine-tuning head (`heads.py`) described by its `FinetunedModelConfig`.
 
     Args:
@@ -233,6 +245,11 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
       ids_only: only `serve_ids` (also as `serving_default`): no TF Text op in the graph, for
         servers without TF Text; clients tokenize with the exported `assets/vocab.txt`.
       verbose: print where the model went and the custom-op report.
+      freeze: the head's weights as graph constants in saved_model.pb (`signatures.FrozenHead`:
+        a one-sentence request ~20% faster on ELECTRA-Small) instead of variables; default
+        when they take at most `FREEZE_LIMIT_BYTES` (Small and Base; not Large, whose 1.3 GB
+        would come near protobuf's 2 GB limit on saved_model.pb). Recorded as `frozen` in the
+        report.
 
     Returns:
       The path of the new version folder.
@@ -251,11 +268,15 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
               "max_seq_length": pre.max_seq_length, "lower_case": pre.tokenizer.lower_case,
               "text_pair": get_family(description.family).text_pair(description), "ids_only": bool(ids_only),
               "label_names": description.label_names}
+    if freeze is None:
+        freeze = weight_bytes(head) <= FREEZE_LIMIT_BYTES
+    report["frozen"] = bool(freeze)
     with fused_attention_weights(head):  # the signatures are traced and written inside
         archive = keras.export.ExportArchive()
-        archive.track(head)
+        if not freeze:
+            archive.track(head)
         archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
-        endpoints = signatures.for_head(head, description, pre)
+        endpoints = signatures.for_head(head, description, pre, frozen=freeze)
         if ids_only:  # the first endpoint is also written as serving_default
             endpoints = {signatures.SERVE_IDS: endpoints[signatures.SERVE_IDS]}
         for name, (fn, spec) in endpoints.items():
@@ -490,6 +511,9 @@ def format_report(path: str, report: Mapping[str, Any]) -> str:
     if "lower_case" in report:
         lines.append("  text: " + ("lower-cased, accents stripped (uncased vocabulary)" if report["lower_case"]
                                    else "case and accents kept (cased vocabulary)"))
+    if "frozen" in report:
+        lines.append("  weights: " + ("graph constants (frozen; --nofreeze keeps variables)"
+                                      if report["frozen"] else "variables"))
     if report["unknown_ops"]:
         lines.append(f"  ops of unknown origin: {', '.join(report['unknown_ops'])} (TF Serving compatibility unknown)")
     if report["custom_ops"] and report["oldest_tf_serving"]:
@@ -538,7 +562,7 @@ def check_finetuned_files(path) -> None:
 
 def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
                      version: int | None = None, pair: bool | None = None, ids_only: bool = False,
-                     verbose: bool = True) -> str:
+                     verbose: bool = True, freeze: bool | None = None) -> str:
     """Export what `seeds.finetune` saved (a run's `model_dir`, a `run_seeds` folder or a
     `best/` folder) to `export_base/model_name/VERSION`; see the module docstring."""
     from electra_tf.config import ConfigError
@@ -555,4 +579,4 @@ def export_finetuned(model_dir_or_best: str, export_base: str, model_name: str,
         raise ValueError(f"{folder / HEAD_CONFIG} does not describe the checkpoint beside it "
                          f"({one_line(e)})") from None
     return export_head(head, description, vocab_file, export_base, model_name, version=version, pair=pair,
-                       ids_only=ids_only, verbose=verbose)
+                       ids_only=ids_only, verbose=verbose, freeze=freeze)

@@ -66,13 +66,17 @@ CLASSIFY, REGRESS = "classify", "regress"
 METHOD_NAMES = {CLASSIFY: "tensorflow/serving/classify", REGRESS: "tensorflow/serving/regress"}
 
 
-def for_head(head, description: FinetunedModelConfig, pre: TextPreprocessor) -> dict:
+def for_head(head, description: FinetunedModelConfig, pre: TextPreprocessor,
+             frozen: bool = False) -> dict:
     """{name: (function, input specs)}: `serving_default`, the task family's text signature
     (`TaskFamily.serving_signature`) with `truncated` added where the family has it
     (`_with_truncated`); `classify` / `regress` for sentence classification / regression
     (`_example_signature`; their method names, `METHOD_NAMES`, are set by `export.write_version`); and `serve_ids`, the
-    head on token ids checked to be in range."""
+    head on token ids checked to be in range. `frozen`: every signature runs the head through
+    one `FrozenHead` (its weights as graph constants) instead of reading its variables."""
     family = get_family(description.family)
+    if frozen:
+        head = FrozenHead(head, family.ids_shape(description))
     ids_spec = [tf.TensorSpec(family.ids_shape(description), tf.int32, name=k) for k in INPUT_KEYS]
     config = head.config
 
@@ -87,6 +91,47 @@ def for_head(head, description: FinetunedModelConfig, pre: TextPreprocessor) -> 
     signatures.update(_example_signature(family, head, description, text_fn, text_spec))
     signatures[SERVE_IDS] = (serve_ids, ids_spec)
     return signatures
+
+
+class FrozenHead:
+    """A head's inference pass with its weights as graph constants, called as the head is
+    (`head(inputs, training=False)` -> its outputs dict); other attributes are the head's.
+
+    One function (`convert_variables_to_constants_v2` of the head on int32 `INPUT_KEYS` of
+    `shape`, the family's `ids_shape`: any batch, any length where the family allows one) that
+    every signature calls, so the SavedModel holds the weights once, in its function library,
+    and no variables. Constant weights are
+    what TensorFlow's oneDNN matmuls cache in their own layout (a variable's are reordered on
+    every call) and what Grappler folds: a one-sentence request of ELECTRA-Small ran in
+    0.74-0.82x the time of the same export reading variables, batch 32 in 0.95x (BUILD.md,
+    docs/benchmarks.md "Serving latency"). Outputs equal the head's to float rounding (~1e-7).
+    """
+
+    def __init__(self, head, shape):
+        from tensorflow.python.framework.convert_to_constants import (
+            convert_variables_to_constants_v2)
+
+        self._head = head
+
+        def forward(input_ids, input_mask, segment_ids):
+            return dict(head({"input_ids": input_ids, "input_mask": input_mask,
+                              "segment_ids": segment_ids}, training=False))
+
+        spec = [tf.TensorSpec(shape, tf.int32, name=k) for k in INPUT_KEYS]
+        traced = tf.function(forward, autograph=False).get_concrete_function(*spec)
+        self._outputs = traced.structured_outputs
+        self._fn = convert_variables_to_constants_v2(traced)
+
+    def __call__(self, inputs, training=False):
+        if training:
+            raise ValueError("a frozen head only infers")
+        flat = self._fn(*(tf.cast(inputs[k], tf.int32) for k in INPUT_KEYS))
+        for tensor, traced in zip(flat, tf.nest.flatten(self._outputs)):
+            tensor.set_shape(traced.shape)  # the frozen graph's own inference drops some dims
+        return tf.nest.pack_sequence_as(self._outputs, flat)
+
+    def __getattr__(self, name):
+        return getattr(self._head, name)
 
 
 def _example_signature(family, head, description: FinetunedModelConfig, text_fn, text_spec) -> dict:

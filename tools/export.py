@@ -55,6 +55,11 @@ _IDS_ONLY = flags.DEFINE_bool(
     "ids_only", False, "Only the token-id signature (as serving_default and serve_ids): no TF Text "
     "ops, for TF Serving builds without TF Text; clients tokenize with assets/vocab.txt.")
 
+_FREEZE = flags.DEFINE_bool(
+    "freeze", None, "Fine-tuned models: the weights as graph constants in saved_model.pb (--freeze; "
+    "a one-sentence request ~15-20% faster) or as variables (--nofreeze). Default: frozen when "
+    "they take at most 1 GiB (Small, Base), variables above (Large).")
+
 
 def main(argv):
     if len(argv) > 1:
@@ -81,7 +86,7 @@ def main(argv):
             raise ValueError("--max_seq_length is for Electric models; a fine-tuned model is "
                              "exported at the length it was fine-tuned with")
         export_finetuned(checkpoint, export_base, _MODEL_NAME.value, version=_VERSION.value,
-                         pair=_TEXT_PAIR.value, ids_only=_IDS_ONLY.value)
+                         pair=_TEXT_PAIR.value, ids_only=_IDS_ONLY.value, freeze=_FREEZE.value)
     except (ExportError, FileExistsError, FileNotFoundError, ValueError) as e:
         sys.exit(f"electra-export: {e}")
 
