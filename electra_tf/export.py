@@ -15,6 +15,12 @@ Classify / Regress APIs, `serve_ids` on token ids) are the task family's own, co
 `signatures.py`, whose docstring lists every input and output. `ids_only=True` writes `serve_ids`
 alone, for a server without the TF Text ops.
 
+Weights: a head of at most `FREEZE_LIMIT_BYTES` (Small, Base) is written frozen, its weights
+constants of one function that every signature calls (`signatures.FrozenHead`) and no variable:
+a one-sentence request runs ~15% faster than on variables (docs/benchmarks.md, "Serving
+latency"); a larger head (Large), or `freeze=False`, keeps variables. Stock TF Serving loads
+either. The report records which (`frozen`).
+
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
 

@@ -74,12 +74,17 @@ def test_every_row_at_every_batch_size_with_ratios(references, tmp_path):
 @pytest.mark.slow
 def test_reference_rows_in_child_processes(references, tmp_path):
     out = tmp_path / "serving.json"
-    report = run_benchmark("--rows=onnxruntime,torch,saved_model", "--reference_process=child", f"--json={out}",
-                           f"--work_dir={tmp_path / 'work'}")
+    report = run_benchmark("--rows=onnxruntime,torch,saved_model,saved_model_variables",
+                           "--reference_process=child", f"--json={out}", f"--work_dir={tmp_path / 'work'}")
     assert "torch and onnxruntime run in child processes" in report
     result = json.loads(out.read_text())
-    assert [(row["row"], row["batch"]) for row in result["rows"]] == [
-        ("onnxruntime", 1), ("torch", 1), ("saved_model", 1), ("onnxruntime", 2), ("torch", 2), ("saved_model", 2)]
+    rows = ("onnxruntime", "torch", "saved_model", "saved_model_variables")
+    assert [(row["row"], row["batch"]) for row in result["rows"]] == [(row, b) for b in (1, 2) for row in rows]
+    # The variables' export (freeze=False) beside the served one, not a version of it.
+    work = tmp_path / "work"
+    assert [p.name for p in (work / "export" / "electra_tiny").iterdir()] == ["1"]
+    assert json.loads(next((work / "export_variables").glob("*/1/assets.extra/electra_export.json"))
+                      .read_text())["frozen"] is False
     assert all(row["examples_per_s"] > 0 for row in result["rows"])
 
 
