@@ -15,11 +15,12 @@ Classify / Regress APIs, `serve_ids` on token ids) are the task family's own, co
 `signatures.py`, whose docstring lists every input and output. `ids_only=True` writes `serve_ids`
 alone, for a server without the TF Text ops.
 
-Weights: a head of at most `FREEZE_LIMIT_BYTES` (Small, Base) is written frozen, its weights
+Weights: a head of at most `FREEZE_LIMIT_BYTES` (Small) is written frozen, its weights
 constants of one function that every signature calls (`signatures.FrozenHead`) and no variable:
 a one-sentence request runs ~15% faster than on variables (docs/benchmarks.md, "Serving
-latency"); a larger head (Large), or `freeze=False`, keeps variables. Stock TF Serving loads
-either. The report records which (`frozen`).
+latency"); a larger head (Base, Large: the frozen export's memory grows faster than its
+weights), or `freeze=False`, keeps variables. Stock TF Serving loads either. The report records
+which (`frozen`).
 
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
 inside the WordPiece op's model buffer; label names are graph constants.
@@ -221,9 +222,13 @@ def next_version(model_base: str) -> int:
     return latest + 1
 
 
-# Heads up to this many bytes of weights are exported frozen (`export_head`): ELECTRA-Base's
-# ~440 MB is; Large's ~1.3 GB is not, as saved_model.pb, a protobuf, must stay under 2 GB.
-FREEZE_LIMIT_BYTES = 1 << 30
+# Heads up to this many bytes of weights are exported frozen (`export_head`): ELECTRA-Small's
+# ~54 MB is. Freezing costs memory and load time that grow faster than the weights: measured on
+# the 2-core EPYC, Small's export peaked at 2.2 GB of resident memory frozen against 1.0 GB on
+# variables (load and first call 3.0 against 4.3 s), Base's at 11.5 GB against 1.4 GB (load and
+# first call 25 s against 4 s) for a batch-1 request 0.79x as long. So Base and Large keep
+# variables unless asked (`freeze=True`, `electra-export --freeze`).
+FREEZE_LIMIT_BYTES = 128 << 20
 
 
 def weight_bytes(model) -> int:
@@ -252,10 +257,10 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
         servers without TF Text; clients tokenize with the exported `assets/vocab.txt`.
       verbose: print where the model went and the custom-op report.
       freeze: the head's weights as graph constants in saved_model.pb (`signatures.FrozenHead`:
-        a one-sentence request ~20% faster on ELECTRA-Small) instead of variables; default
-        when they take at most `FREEZE_LIMIT_BYTES` (Small and Base; not Large, whose 1.3 GB
-        would come near protobuf's 2 GB limit on saved_model.pb). Recorded as `frozen` in the
-        report.
+        a one-sentence request ~15% faster on ELECTRA-Small) instead of variables; default
+        when they take at most `FREEZE_LIMIT_BYTES` (Small; Base and Large keep variables: the
+        frozen export's memory and load time grow faster than the weights). Recorded as `frozen`
+        in the report.
 
     Returns:
       The path of the new version folder.
