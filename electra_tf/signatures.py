@@ -11,7 +11,8 @@ composes. Every input and output has the batch first:
   `data.preprocessor.TextPreprocessor` that made the fine-tuning features (`[CLS] A [SEP] (B [SEP])`, longest-first pair truncation, zero padding to the
   fine-tuning `max_seq_length`; classification, regression and multiple choice pad only to the
   batch's longest row, which gives the same outputs for a fraction of the compute on short
-  texts, see `SentenceFamily.serving_signature`):
+  texts, see `SentenceFamily.serving_signature`, and classification and regression run a
+  batch of more than four rows in groups of similar length, `families.sentence.by_length`):
   - classification: `text` (+ `text_pair` for pair tasks) -> `probabilities` float32
     [B, num_labels], `label` string [B], `truncated` bool [B] (the text, or the pair, had more
     pieces than max_seq_length holds and was cut as fine-tuning cut it: the answer is about the
@@ -38,7 +39,9 @@ composes. Every input and output has the batch first:
   function -> classify `classes` string [B, num_labels] (the label names) and `scores` float32
   [B, num_labels] (= `probabilities`); regress `outputs` float32 [B] (= `score`).
 - `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] ([B, C, S] for multiple
-  choice) -> the head's raw outputs (`logits`; regression `predictions`; QA `start_logits`,
+  choice) -> the head's raw outputs, run as the family runs its head (`TaskFamily.infer`:
+  classification and regression cut the columns past every row's last unmasked position and
+  group rows by length) (`logits`; regression `predictions`; QA `start_logits`,
   `start_top_index`, `end_logits`, `answerable_logits`); tokenize with `assets/vocab.txt` on
   the client. QA needs S = `max_seq_length`. The ids are checked in the graph (`_id_checks`): a
   token id outside [0, vocab_size), a segment id outside [0, type_vocab_size), a mask value
@@ -85,7 +88,7 @@ def for_head(head, description: FinetunedModelConfig, pre: TextPreprocessor,
         with tf.control_dependencies(_id_checks(config, input_ids, input_mask, segment_ids)):
             inputs = {"input_ids": tf.identity(input_ids), "input_mask": tf.identity(input_mask),
                       "segment_ids": tf.identity(segment_ids)}
-        return dict(head(inputs, training=False))
+        return family.infer(head, inputs)
 
     text_fn, text_spec = family.serving_signature(head, description, pre)
     signatures = {"serving_default": _with_truncated(family, text_fn, text_spec, pre)}

@@ -190,6 +190,12 @@ class TaskFamily:
         """Shape of the int32 inputs of the `serve_ids` signature."""
         return [None, None]  # [batch, seq]
 
+    def infer(self, head, inputs: dict) -> dict:
+        """The head's inference outputs on packed int inputs, as every signature runs it (the
+        text signature on the packing's arrays, `serve_ids` on the client's): a family may run
+        it another way that gives the same outputs (`SentenceFamily.infer`)."""
+        return dict(head(inputs, training=False))
+
     def serving_signature(self, head, description, pre):
         """(function, input specs) of the SavedModel's `serving_default`: raw text in, packed
         by `pre` (`data.preprocessor.TextPreprocessor`), which also packed `featurize`'s arrays.
