@@ -1,6 +1,7 @@
 """A served sentence batch run in order of length (`families.sentence.by_length`): the outputs of
 the whole padded batch, each group of rows cut to its own longest row, in the inputs' order."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -40,7 +41,7 @@ class _Recording:
 
 @pytest.mark.parametrize("head_class, key", [(SentenceClassifier, "logits"), (SentenceRegressor, "predictions")])
 def test_groups_in_length_order_answer_as_the_whole_batch(tiny_config, head_class, key):
-    tf.keras.utils.set_random_seed(5)
+    keras.utils.set_random_seed(5)
     head = head_class(tiny_config, **({"num_labels": 3} if head_class is SentenceClassifier else {}))
     lengths = [9, 3, 20, 5, 5, 14, 2, 24, 7, 11, 4]  # not in order; rows of equal length
     inputs = _inputs(lengths, tiny_config.vocab_size, gap_row=3)
@@ -60,7 +61,7 @@ def test_groups_in_length_order_answer_as_the_whole_batch(tiny_config, head_clas
 
 
 def test_a_batch_of_at_most_the_group_size_is_one_pass_cut_to_its_longest_row(tiny_config):
-    tf.keras.utils.set_random_seed(5)
+    keras.utils.set_random_seed(5)
     head = SentenceClassifier(tiny_config, num_labels=2)
     inputs = _inputs([6, 13, 2], tiny_config.vocab_size)
     recording = _Recording(head)

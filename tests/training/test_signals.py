@@ -49,7 +49,7 @@ class Watched:
             if self.process.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.05)
-        raise AssertionError(f"no line matching {pattern!r}:\n{self.output[-3000:]}")
+        raise AssertionError(f"no line matching {pattern!r}:\n{self.output[-8000:]}")
 
     def finish(self, timeout: float) -> int:
         self.process.wait(timeout=timeout)
