@@ -39,10 +39,10 @@ composes. Every input and output has the batch first:
   function -> classify `classes` string [B, num_labels] (the label names) and `scores` float32
   [B, num_labels] (= `probabilities`); regress `outputs` float32 [B] (= `score`).
 - `serve_ids`: int32 `input_ids`, `input_mask`, `segment_ids` [B, S] ([B, C, S] for multiple
-  choice) -> the head's raw outputs, run as the family runs its head (`TaskFamily.infer`:
-  classification and regression cut the columns past every row's last unmasked position and
-  group rows by length) (`logits`; regression `predictions`; QA `start_logits`,
-  `start_top_index`, `end_logits`, `answerable_logits`); tokenize with `assets/vocab.txt` on
+  choice) -> the head's raw outputs (`logits`; regression `predictions`; QA `start_logits`,
+  `start_top_index`, `end_logits`, `answerable_logits`), run as the family runs its head
+  (`TaskFamily.infer`: classification and regression cut the columns past every row's last
+  unmasked position and group rows by length); tokenize with `assets/vocab.txt` on
   the client. QA needs S = `max_seq_length`. The ids are checked in the graph (`_id_checks`): a
   token id outside [0, vocab_size), a segment id outside [0, type_vocab_size), a mask value
   other than 0 and 1, or more than max_position_embeddings positions fails with

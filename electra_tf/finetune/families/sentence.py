@@ -157,8 +157,8 @@ class SentenceFamily(TaskFamily):
         head reads the [CLS] state alone, a [PAD] key gets -10000 on its attention score, so its
         softmax weight is exactly 0 in float32 and no real token's state depends on how many
         pads follow; what differs is the order of float sums (logits within 1e-6 on
-        ELECTRA-Small and -Base). A server that merges requests into one batch pads them to the
-        longest of the merged rows. The encoder takes any length up to max_position_embeddings
+        ELECTRA-Small and -Base). A server that merges requests into one batch runs the merged
+        rows the same way. The encoder takes any length up to max_position_embeddings
         (it slices the position embeddings to the input), and the signature runs as a plain
         tf.function, not XLA, so a new length is no retrace and no compilation. The outputs
         have no sequence axis, so the signature's shapes are those of max_seq_length padding.
