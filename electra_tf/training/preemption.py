@@ -13,11 +13,27 @@ So each loop keeps its TensorFlow calls short and looks at the request between t
   raises `Interrupted` at once. A second signal while the run stops raises it too: the
   checkpoint being written is abandoned and its files removed (a rerun resumes from the one
   before).
-- Fine-tuning and the demo (`StopRequest(at_once=True)`): the handler raises `Interrupted` at
-  the next Python instruction of the main thread: in fine-tuning after the running batch (one
-  batch is one TensorFlow call). Every file is written whole by a rename (`electra_tf.files`),
-  so an exception anywhere leaves the previous file or the new one, and the `finally` blocks
-  remove staging folders and release the folder lock.
+- Fine-tuning and the demo (`StopRequest(at_once=True)`): `Interrupted` is raised at the next
+  line of this project's own code the main thread runs: in fine-tuning after the running batch
+  (one batch is one TensorFlow call). Every file is written whole by a rename
+  (`electra_tf.files`), so an exception anywhere leaves the previous file or the new one, and
+  the `finally` blocks remove staging folders and release the folder lock.
+
+Where the exception is raised matters. A handler runs at whatever Python instruction the main
+thread is on, often inside TensorFlow's own Python called back from its C++ (tracing a function,
+a tensor's consumers, a finalizer), where C++ does not expect a Python exception: raised there,
+it came out as `SystemError: ... bad argument to internal function` or aborted the process (a
+signal sent while fine-tuning traced its evaluation step). And not every instruction of Python
+3.11 is covered by the handlers of the blocks around it: raised at a `try:` line or at the end
+of a `with` block (its `__exit__` call is run as that `with` line), the exception skips the
+enclosing `with` blocks' exits (TensorFlow's tracing then asserts on its next function). So the
+handler only records the signal and sets a trace function (`sys.settrace`, this thread, until
+it fires) that raises at the next line event of this project's own frames (a module of
+`electra_tf`, its binaries, or the `__main__` script: code only Python calls) that is neither.
+The trace costs a little on each Python call while it waits: until the running TensorFlow call
+returns to the project's code. A trace function set before (a debugger, coverage) comes back
+when the block ends without the raise; after it, Python has unset tracing (as it does for any
+trace function that raises).
 
 `Interrupted` is a `SystemExit`, not an error: code in between that catches `Exception` to carry
 on does not take it for a failure of its own, and an uncaught one ends the process with 128 + the
@@ -32,7 +48,10 @@ the block ends, so requests nest (the demo's around fine-tuning's).
 
 from __future__ import annotations
 
+import dis
+import functools
 import signal
+import sys
 import threading
 
 from absl import logging
@@ -62,8 +81,9 @@ class StopRequest:
     at_once=False (the pretraining loop): the first signal is only recorded, the loop stops at
     its next check; a second one raises `Interrupted`. at_once=True (fine-tuning, the demo, and
     the pretraining loop until its first call ends, when nothing new could be saved): every
-    signal raises `Interrupted` there and then, except inside a `__del__` (Python would print
-    the exception and drop it); then the loop's next `check()` raises it, or the block's end.
+    signal raises `Interrupted`. Either is raised at the next safe line of this project's code
+    (module docstring), never inside a `__del__` (Python would print the exception and drop
+    it); one still waiting when the block ends is raised there.
     `progress` (what the run has done, set by its loop: "12 of 40 steps") goes into the message.
     """
 
@@ -72,6 +92,7 @@ class StopRequest:
         self.signum: int | None = None
         self.progress: str | None = None
         self._previous: dict = {}
+        self._pending: _RaiseInOwnCode | None = None
 
     @property
     def requested(self) -> bool:
@@ -87,14 +108,27 @@ class StopRequest:
         again = self.signum is not None
         self.signum = signum
         if self.at_once:
-            if _in_finalizer(frame):
-                return  # Python would print the exception and drop it: raised at the next check
-            raise self._interrupted()
+            self._raise_in_own_code(frame, self._interrupted)
+            return
         if again:
-            raise Interrupted(f"stopped on a second {signal_name(signum)} without finishing the "
-                              "checkpoint", signum)
+            self._raise_in_own_code(frame, lambda: Interrupted(
+                f"stopped on a second {signal_name(signum)} without finishing the checkpoint",
+                signum))
+            return
         logging.warning("%s: stopping within about a second, with a checkpoint at that step (a "
                         "second signal stops at once, without it)", signal_name(signum))
+
+    def _raise_in_own_code(self, frame, interrupted) -> None:
+        """Raises `interrupted()` at the next safe line of this project's code (module docstring)."""
+        if self._pending is not None:
+            self._pending.error = interrupted  # a second signal while the first waits
+            return
+        self._pending = _RaiseInOwnCode(interrupted, frame, self._stop_waiting)
+
+    def _stop_waiting(self) -> None:
+        if self._pending is not None:
+            self._pending.remove()
+            self._pending = None
 
     def check(self) -> None:
         """Raises `Interrupted` when a signal was recorded."""
@@ -106,12 +140,16 @@ class StopRequest:
         return Interrupted(f"stopped on {signal_name(self.signum)}{after}", self.signum)
 
     def __exit__(self, kind, error, traceback):
+        waiting = self._pending
+        self._stop_waiting()
         for s, previous in self._previous.items():
             # None: a handler not set from Python; the default is what the process had before.
             signal.signal(s, signal.SIG_DFL if previous is None else previous)
         self._previous = {}
+        if kind is None and waiting is not None:
+            raise waiting.error()  # a signal still waiting for a line of our code
         if self.at_once and kind is None:
-            self.check()  # a signal that came in a `__del__`: the run stops anyway
+            self.check()
 
 
 def _in_finalizer(frame, depth: int = 64) -> bool:
@@ -121,3 +159,72 @@ def _in_finalizer(frame, depth: int = 64) -> bool:
             return True
         frame, depth = frame.f_back, depth - 1
     return False
+
+
+# Modules whose lines only Python calls: an exception raised there unwinds through Python alone.
+_OWN_MODULES = ("electra_tf", "tools")
+
+
+def _own(frame) -> bool:
+    name = frame.f_globals.get("__name__") or ""
+    if name == __name__:
+        return False  # this module's own lines (`__exit__` restores the handlers, then raises)
+    return name == "__main__" or name.split(".")[0] in _OWN_MODULES
+
+
+class _RaiseInOwnCode:
+    """Raises `error()` at the next line event of this project's frames on this thread (the
+    frames on the stack now: their `f_trace`; those called from here on: a `sys.settrace`
+    function tracing only them) where raising is safe. Then puts back the trace it replaced."""
+
+    def __init__(self, error, frame, done):
+        self.error, self._done = error, done
+        self._previous = sys.gettrace()
+        self._frames = []
+        while frame is not None:
+            if _own(frame):
+                self._trace(frame)
+            frame = frame.f_back
+        sys.settrace(self._call)
+
+    def _trace(self, frame):
+        frame.f_trace = self._line
+        self._frames.append(frame)
+
+    def _call(self, frame, event, arg):
+        if not _own(frame):
+            return None
+        self._frames.append(frame)  # its f_trace becomes `_line`: cleared in `remove`
+        return self._line
+
+    def _line(self, frame, event, arg):
+        if self._frames is None:
+            return None  # removed: a frame that still holds this function
+        if event != "line" or not _can_raise_at(frame) or _in_finalizer(frame):
+            return self._line
+        error = self.error
+        self._done()
+        raise error()
+
+    def remove(self) -> None:
+        sys.settrace(self._previous)
+        for frame in self._frames:
+            frame.f_trace = None
+        self._frames = None
+
+
+_NOP = dis.opmap["NOP"]
+_WITH_OPS = ("BEFORE_WITH", "BEFORE_ASYNC_WITH", "LOAD_SPECIAL")  # LOAD_SPECIAL: Python 3.14
+
+
+def _can_raise_at(frame) -> bool:
+    """Whether an exception raised at this line event runs the exits of the `with` blocks around
+    it: not at a NOP (a `try:` line, `pass`), nor at a `with` line (its exit runs as that line)."""
+    return (frame.f_code.co_code[frame.f_lasti] != _NOP
+            and frame.f_lineno not in _with_lines(frame.f_code))
+
+
+@functools.lru_cache(maxsize=4096)
+def _with_lines(code) -> frozenset:
+    return frozenset(i.positions.lineno for i in dis.get_instructions(code)
+                     if i.opname in _WITH_OPS)

@@ -5,6 +5,7 @@ Also: a link planted at --model_dir/train is refused, its target untouched."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -97,6 +98,155 @@ def test_stop_request_records_the_first_signal_raises_on_the_second_and_restores
             assert stop.requested  # recorded, raised at the block's end
     assert "Exception ignored" not in capfd.readouterr().err
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_outside_the_projects_code_is_raised_at_its_next_line_not_in_the_code_it_hit():
+    """A signal that lands in code the project does not own (TensorFlow's Python, which its C++
+    calls back and does not expect an exception from) lets that code finish and raises at the
+    next line of the project's own frames."""
+    from electra_tf.training.preemption import Interrupted, StopRequest
+
+    own = {"__name__": "electra_tf.under_test"}  # a frame of the project's, as its modules'
+    exec("def drive(work, seen):\n"
+         "    result = work()\n"
+         "    seen.append('the line after the call')\n"
+         "    return result\n", own)
+    seen = []
+
+    def foreign():  # this test module's code stands for TensorFlow's
+        os.kill(os.getpid(), signal.SIGTERM)
+        total = sum(range(1000))  # the handler ran at the line above: this line still runs
+        seen.append("foreign code finished")
+        return total
+
+    trace_before = sys.gettrace()
+    with pytest.raises(Interrupted, match="stopped on SIGTERM"):
+        with StopRequest(at_once=True):
+            own["drive"](foreign, seen)
+    assert seen == ["foreign code finished"]
+    assert sys.gettrace() is trace_before
+
+    seen.clear()
+    with pytest.raises(Interrupted, match="second SIGTERM"):  # the pretraining loop's second one
+        with StopRequest() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+            assert stop.requested  # the first: recorded
+            own["drive"](foreign, seen)
+    assert seen == ["foreign code finished"]
+    assert sys.gettrace() is trace_before
+
+
+# Python 3.11 leaves some instructions outside the handlers of the blocks around them: an
+# exception raised at a `try:` line or where a `with` block ends skips the exits of the `with`
+# blocks around it. A signal may land at any of them.
+_EVERY_KIND_OF_BLOCK = """
+def gen():
+    with Block("in a generator"):
+        yield 1
+        yield 2
+
+def run(n):
+    with Block(1):
+        with Block(2):
+            x = work()
+        try:
+            fail()
+        except KeyError:
+            pass
+        except ValueError as e:
+            with Block(3):
+                x = [work() for _ in range(2)]
+        else:
+            pass
+        finally:
+            with Block(4):
+                pass
+        for i in gen():
+            with Block(5):
+                if i:
+                    x = (lambda: work())()
+                else:
+                    try:
+                        y = work()
+                    finally:
+                        pass
+        while n:
+            n -= 1
+            try:
+                with Block(6):
+                    fail()
+            except ValueError:
+                continue
+        try:
+            with Block(7):
+                try:
+                    fail()
+                finally:
+                    z = work()
+        except ValueError:
+            w = work()
+        with Block(8), Block(9):
+            return 0
+"""
+
+
+def test_a_signal_at_any_line_leaves_every_with_block_it_was_in():
+    """A signal handled at each line event in turn of code of the project's with every kind of
+    block: the run stops, and every `with` block entered was exited."""
+    from electra_tf.training.preemption import Interrupted, StopRequest
+
+    events = []
+
+    class Block:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            events.append(("enter", self.name))
+
+        def __exit__(self, *error):
+            events.append(("exit", self.name))
+
+    def fail():
+        raise ValueError("handled by the code under test")
+
+    own = {"__name__": "electra_tf.under_test", "Block": Block, "work": lambda: 5, "fail": fail}
+    exec(_EVERY_KIND_OF_BLOCK, own)
+    for lines in itertools.count(1):
+        events.clear()
+        seen, sent = [0], []
+
+        def count(frame, event, arg):  # the signal arrives at the `lines`-th line event
+            if event == "line" and frame.f_globals is own:
+                seen[0] += 1
+                if seen[0] == lines:
+                    sent.append(lines)
+                    stop._handle(signal.SIGTERM, frame)  # as Python calls a handler
+                    return frame.f_trace
+            return count
+
+        def counter(frame, event, arg):
+            return count
+
+        try:
+            with StopRequest(at_once=True) as stop:
+                sys.settrace(counter)
+                own["run"](2)
+        except Interrupted:
+            assert sent
+        else:
+            assert not sent  # past the last line: the run finished before the signal
+            break
+        finally:
+            # Nothing of the stop is left tracing: the trace it replaced is back, or none (Python
+            # unsets the trace function of a trace function that raises).
+            assert sys.gettrace() in (None, counter)
+            sys.settrace(None)
+        entered = [name for kind, name in events if kind == "enter"]
+        exited = [name for kind, name in events if kind == "exit"]
+        assert sorted(entered, key=str) == sorted(exited, key=str), (lines, events)
+    assert lines > 50  # it went through the whole function
 
 
 @pytest.mark.slow
