@@ -27,9 +27,12 @@ signal sent while fine-tuning traced its evaluation step). And not every instruc
 3.11 is covered by the handlers of the blocks around it: raised at a `try:` line or at the end
 of a `with` block (its `__exit__` call is run as that `with` line), the exception skips the
 enclosing `with` blocks' exits (TensorFlow's tracing then asserts on its next function). So the
-handler only records the signal and sets a trace function (`sys.settrace`, this thread, until
-it fires) that raises at the next line event of this project's own frames (a module of
-`electra_tf`, its binaries, or the `__main__` script: code only Python calls) that is neither.
+handler raises at once only where that is safe: at neither kind of instruction, in the
+project's own frames (a module of `electra_tf`, its binaries, or the `__main__` script: code
+only Python calls) or the standard library's called from them (a `time.sleep`, a subprocess's
+wait: Python would otherwise resume the wait). Elsewhere it records the signal and sets a trace
+function (`sys.settrace`, this thread, until it fires) that raises at the next line event of the
+project's own frames that is at neither.
 The trace costs a little on each Python call while it waits: until the running TensorFlow call
 returns to the project's code. A trace function set before (a debugger, coverage) comes back
 when the block ends without the raise; after it, Python has unset tracing (as it does for any
@@ -50,8 +53,10 @@ from __future__ import annotations
 
 import dis
 import functools
+import os
 import signal
 import sys
+import sysconfig
 import threading
 
 from absl import logging
@@ -119,7 +124,10 @@ class StopRequest:
                         "second signal stops at once, without it)", signal_name(signum))
 
     def _raise_in_own_code(self, frame, interrupted) -> None:
-        """Raises `interrupted()` at the next safe line of this project's code (module docstring)."""
+        """Raises `interrupted()` now if that is safe, else at the next safe line of this
+        project's code (module docstring)."""
+        if self._pending is None and _safe_now(frame):
+            raise interrupted()
         if self._pending is not None:
             self._pending.error = interrupted  # a second signal while the first waits
             return
@@ -215,6 +223,29 @@ class _RaiseInOwnCode:
 
 _NOP = dis.opmap["NOP"]
 _WITH_OPS = ("BEFORE_WITH", "BEFORE_ASYNC_WITH", "LOAD_SPECIAL")  # LOAD_SPECIAL: Python 3.14
+
+
+def _safe_now(frame) -> bool:
+    """Whether the handler may raise in `frame` at once: at a safe instruction, and the frames
+    from there to the nearest of the project's are the standard library's (Python code the
+    project called, as `time.sleep` or `subprocess.run`), none a library's that C++ may have
+    called. A signal during such a wait stops it: raised later, it would wait to its end (Python
+    resumes an interrupted wait whose handler did not raise)."""
+    if not _can_raise_at(frame) or _in_finalizer(frame):
+        return False
+    while frame is not None and not _own(frame):
+        if not _stdlib(frame):
+            return False
+        frame = frame.f_back
+    return frame is not None
+
+
+_STDLIB = os.path.join(sysconfig.get_paths()["stdlib"], "")
+
+
+def _stdlib(frame) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith("<frozen ") or (name.startswith(_STDLIB) and "site-packages" not in name)
 
 
 def _can_raise_at(frame) -> bool:

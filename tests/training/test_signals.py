@@ -137,6 +137,32 @@ def test_a_signal_outside_the_projects_code_is_raised_at_its_next_line_not_in_th
     assert sys.gettrace() is trace_before
 
 
+def test_a_signal_stops_a_wait_of_the_projects_code_at_once():
+    """A signal during a wait the project's code is in (a sleep, a subprocess) raises there and
+    then: Python would resume the wait if the handler only recorded it."""
+    from electra_tf.training.preemption import Interrupted, StopRequest
+
+    own = {"__name__": "electra_tf.under_test"}
+    exec("import subprocess, time\n"
+         "def nap():\n"
+         "    time.sleep(60)\n"
+         "def child():\n"
+         "    subprocess.run(['sleep', '60'])\n", own)
+    for wait in ("nap", "child"):
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+        started = time.monotonic()
+        with pytest.raises(Interrupted, match="stopped on SIGTERM"):
+            with StopRequest(at_once=True):
+                timer.start()
+                own[wait]()
+        assert time.monotonic() - started < STOP_SECONDS, wait
+        timer.join()
+    # subprocess.run killed its child on the way out: nothing named sleep 60 is left of ours
+    leftover = subprocess.run(["pgrep", "-P", str(os.getpid()), "-f", "sleep 60"],
+                              capture_output=True, text=True).stdout.split()
+    assert not leftover
+
+
 # Python 3.11 leaves some instructions outside the handlers of the blocks around them: an
 # exception raised at a `try:` line or where a `with` block ends skips the exits of the `with`
 # blocks around it. A signal may land at any of them.
