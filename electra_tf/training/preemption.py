@@ -13,9 +13,9 @@ So each loop keeps its TensorFlow calls short and looks at the request between t
   raises `Interrupted` at once. A second signal while the run stops raises it too: the
   checkpoint being written is abandoned and its files removed (a rerun resumes from the one
   before).
-- Fine-tuning and the demo (`StopRequest(at_once=True)`): `Interrupted` is raised at the next
-  line of this project's own code the main thread runs: in fine-tuning after the running batch
-  (one batch is one TensorFlow call). Every file is written whole by a rename
+- Fine-tuning and the demo (`StopRequest(at_once=True)`): `Interrupted` is raised at once, or
+  where that is not safe (below) at the next line of this project's own code the main thread
+  runs: in fine-tuning after the running batch (one batch is one TensorFlow call). Every file is written whole by a rename
   (`electra_tf.files`), so an exception anywhere leaves the previous file or the new one, and
   the `finally` blocks remove staging folders and release the folder lock.
 
@@ -86,9 +86,9 @@ class StopRequest:
     at_once=False (the pretraining loop): the first signal is only recorded, the loop stops at
     its next check; a second one raises `Interrupted`. at_once=True (fine-tuning, the demo, and
     the pretraining loop until its first call ends, when nothing new could be saved): every
-    signal raises `Interrupted`. Either is raised at the next safe line of this project's code
-    (module docstring), never inside a `__del__` (Python would print the exception and drop
-    it); one still waiting when the block ends is raised there.
+    signal raises `Interrupted`. Either is raised at once where that is safe, else at the next
+    safe line of this project's code (module docstring), never inside a `__del__` (Python would
+    print the exception and drop it); one still waiting when the block ends is raised there.
     `progress` (what the run has done, set by its loop: "12 of 40 steps") goes into the message.
     """
 
