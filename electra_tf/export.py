@@ -18,8 +18,9 @@ alone, for a server without the TF Text ops.
 Weights: a head of at most `FREEZE_LIMIT_BYTES` (Small) is written frozen, its weights
 constants of one function that every signature calls (`signatures.FrozenHead`) and no variable:
 a one-sentence request runs ~15% faster than on variables on a 2-core AMD EPYC with avx2
-fma avx512f avx512_vnni avx512_bf16 (docs/benchmarks.md, "Serving latency"); a larger head (Base, Large: the frozen export's memory grows faster than its
-weights), or `freeze=False`, keeps variables. Stock TF Serving loads either. The report records
+fma avx512f avx512_vnni avx512_bf16 (docs/benchmarks.md, "Serving latency"); a larger head
+(Base, Large: the frozen export's memory grows faster than its weights), or `freeze=False`,
+keeps variables. Stock TF Serving loads either. The report records
 which (`frozen`).
 
 The vocabulary travels as the asset `assets/vocab.txt` (initialising an id -> token table) and
@@ -224,8 +225,8 @@ def next_version(model_base: str) -> int:
 
 # Heads up to this many bytes of weights are exported frozen (`export_head`): ELECTRA-Small's
 # ~54 MB is. Freezing costs memory and load time that grow faster than the weights: measured on
-# the 2-core AMD EPYC with avx2 fma avx512f avx512_vnni avx512_bf16, Small's export peaked at 2.2 GB of resident memory frozen against 1.0 GB on
-# variables (load and first call 3.0 against 4.3 s), Base's at 11.5 GB against 1.4 GB (load and
+# the 2-core AMD EPYC with avx2 fma avx512f avx512_vnni avx512_bf16, Small's export peaked at
+# 2.2 GB of resident memory frozen against 1.0 GB on variables (load and first call 3.0 against 4.3 s), Base's at 11.5 GB against 1.4 GB (load and
 # first call 25 s against 4 s) for a batch-1 request 0.79x as long. So Base and Large keep
 # variables unless asked (`freeze=True`, `electra-export --freeze`).
 FREEZE_LIMIT_BYTES = 128 << 20

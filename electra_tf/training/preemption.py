@@ -15,9 +15,10 @@ So each loop keeps its TensorFlow calls short and looks at the request between t
   before).
 - Fine-tuning and the demo (`StopRequest(at_once=True)`): `Interrupted` is raised at once, or
   where that is not safe (below) at the next line of this project's own code the main thread
-  runs: in fine-tuning after the running batch (one batch is one TensorFlow call). Every file is written whole by a rename
-  (`electra_tf.files`), so an exception anywhere leaves the previous file or the new one, and
-  the `finally` blocks remove staging folders and release the folder lock.
+  runs: in fine-tuning after the running batch (one batch is one TensorFlow call). Every file
+  is written whole by a rename (`electra_tf.files`), so an exception anywhere leaves the
+  previous file or the new one, and the `finally` blocks remove staging folders and release
+  the folder lock.
 
 Where the exception is raised matters. A handler runs at whatever Python instruction the main
 thread is on, often inside TensorFlow's own Python called back from its C++ (tracing a function,
@@ -113,25 +114,25 @@ class StopRequest:
         again = self.signum is not None
         self.signum = signum
         if self.at_once:
-            self._raise_in_own_code(frame, self._interrupted)
+            self._raise_when_safe(frame, self._interrupted)
             return
         if again:
-            self._raise_in_own_code(frame, lambda: Interrupted(
+            self._raise_when_safe(frame, lambda: Interrupted(
                 f"stopped on a second {signal_name(signum)} without finishing the checkpoint",
                 signum))
             return
         logging.warning("%s: stopping within about a second, with a checkpoint at that step (a "
                         "second signal stops at once, without it)", signal_name(signum))
 
-    def _raise_in_own_code(self, frame, interrupted) -> None:
+    def _raise_when_safe(self, frame, interrupted) -> None:
         """Raises `interrupted()` now if that is safe, else at the next safe line of this
         project's code (module docstring)."""
-        if self._pending is None and _safe_now(frame):
-            raise interrupted()
         if self._pending is not None:
             self._pending.error = interrupted  # a second signal while the first waits
-            return
-        self._pending = _RaiseInOwnCode(interrupted, frame, self._stop_waiting)
+        elif _safe_now(frame):
+            raise interrupted()
+        else:
+            self._pending = _RaiseInOwnCode(interrupted, frame, self._stop_waiting)
 
     def _stop_waiting(self) -> None:
         if self._pending is not None:
@@ -191,13 +192,10 @@ class _RaiseInOwnCode:
         self._frames = []
         while frame is not None:
             if _own(frame):
-                self._trace(frame)
+                frame.f_trace = self._line
+                self._frames.append(frame)
             frame = frame.f_back
         sys.settrace(self._call)
-
-    def _trace(self, frame):
-        frame.f_trace = self._line
-        self._frames.append(frame)
 
     def _call(self, frame, event, arg):
         if not _own(frame):
@@ -206,8 +204,6 @@ class _RaiseInOwnCode:
         return self._line
 
     def _line(self, frame, event, arg):
-        if self._frames is None:
-            return None  # removed: a frame that still holds this function
         if event != "line" or not _can_raise_at(frame) or _in_finalizer(frame):
             return self._line
         error = self.error
@@ -218,7 +214,7 @@ class _RaiseInOwnCode:
         sys.settrace(self._previous)
         for frame in self._frames:
             frame.f_trace = None
-        self._frames = None
+        self._frames = []
 
 
 _NOP = dis.opmap["NOP"]
