@@ -43,9 +43,10 @@ composes. Every input and output has the batch first:
   `start_top_index`, `end_logits`, `answerable_logits`), run as the family runs its head
   (`TaskFamily.infer`: classification and regression cut the columns past every row's last
   unmasked position and group rows by length); tokenize with `assets/vocab.txt` on
-  the client. QA needs S = `max_seq_length`. The ids are checked in the graph (`_id_checks`): a
-  token id outside [0, vocab_size), a segment id outside [0, type_vocab_size), a mask value
-  other than 0 and 1, or more than max_position_embeddings positions fails with
+  the client. QA needs S = `max_seq_length`. The ids are checked in the graph (`_id_checks`):
+  inputs of different shapes, a token id outside [0, vocab_size), a segment id outside
+  [0, type_vocab_size), a mask value other than 0 and 1, or no position or more than
+  max_position_embeddings fails with
   InvalidArgument (400 from a server) instead of answering. A server without the TF Text ops
   cannot load the text export at all (every op of the graph must be registered): export with
   `ids_only=True` (`export.export_head`) for it, which writes `serve_ids` alone (also as
@@ -162,8 +163,9 @@ def _example_signature(family, head, description: FinetunedModelConfig, text_fn,
 
 
 def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
-    """In-graph checks of `serve_ids`' inputs: token ids in [0, vocab_size), segment ids in
-    [0, type_vocab_size), a mask of 0 and 1, at most max_position_embeddings positions.
+    """In-graph checks of `serve_ids`' inputs: the three of one shape, token ids in
+    [0, vocab_size), segment ids in [0, type_vocab_size), a mask of 0 and 1, 1 to
+    max_position_embeddings positions.
 
     Without them a negative token id reads the embedding row counted from the end (Keras' `take`
     wraps negative indices as numpy does) and answers as if it were a real token, and an id past
@@ -177,14 +179,26 @@ def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
             [f"{name} must be in [0, {high}); got values from", tf.reduce_min(values), "to", tf.reduce_max(values)],
             name=f"check_{name}")
 
+    def same_shape(name, values):
+        # Unchecked, a narrower mask cut the ids to its width, a one-row mask or segment ids
+        # broadcast over every row of the ids, and a wider one failed deep in the encoder.
+        return tf.debugging.Assert(
+            tf.reduce_all(tf.equal(tf.shape(values), tf.shape(input_ids))),
+            [f"{name} must have the shape of input_ids; got", tf.shape(values), "and",
+             tf.shape(input_ids)],
+            name=f"check_{name}_shape")
+
     positions = tf.shape(input_ids)[-1]
     return [
+        same_shape("input_mask", input_mask),
+        same_shape("segment_ids", segment_ids),
         in_range("input_ids", input_ids, config.vocab_size),
         in_range("segment_ids", segment_ids, config.type_vocab_size),
         in_range("input_mask", input_mask, 2),
         tf.debugging.Assert(
-            positions <= config.max_position_embeddings,
-            [f"input_ids may have at most {config.max_position_embeddings} positions; got", positions],
+            (positions >= 1) & (positions <= config.max_position_embeddings),
+            [f"input_ids must have 1 to {config.max_position_embeddings} positions ([CLS] first);"
+             " got", positions],
             name="check_positions"),
     ]
 

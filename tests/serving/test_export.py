@@ -1134,22 +1134,30 @@ def test_a_100_kb_text_is_served_as_truncated(served):
 
 def test_serve_ids_refuses_ids_out_of_range(served, cases):
     """A token id that is negative or past the vocabulary (and a segment id or mask value out of
-    range) gets 400 / INVALID_ARGUMENT naming the input, instead of an answer for some other token."""
+    range, inputs of different shapes, no position) gets 400 / INVALID_ARGUMENT naming the input,
+    instead of an answer for some other input or an error from deep in the encoder."""
     import grpc
 
     from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError
 
     vocab_size = cases["classification"].head.config.vocab_size
     good = {"input_ids": [[2, 40, 3]], "input_mask": [[1, 1, 1]], "segment_ids": [[0, 0, 0]]}
-    bad = [("input_ids", [[2, -1, 3]], f"input_ids must be in [0, {vocab_size}); got values from] [-1] [to] [3]"),
-           ("input_ids", [[2, vocab_size, 3]], f"input_ids must be in [0, {vocab_size})"),
-           ("segment_ids", [[0, 2, 0]], "segment_ids must be in [0, 2)"),
-           ("input_mask", [[1, 3, 1]], "input_mask must be in [0, 2)")]
+    bad = [({"input_ids": [[2, -1, 3]]}, f"input_ids must be in [0, {vocab_size}); got values from] [-1] [to] [3]"),
+           ({"input_ids": [[2, vocab_size, 3]]}, f"input_ids must be in [0, {vocab_size})"),
+           ({"segment_ids": [[0, 2, 0]]}, "segment_ids must be in [0, 2)"),
+           ({"input_mask": [[1, 3, 1]]}, "input_mask must be in [0, 2)"),
+           # Inputs of different shapes: a narrower mask used to cut the ids to its width and
+           # a one-row mask to broadcast over the rows, each answering for other inputs.
+           ({"input_mask": [[1, 1]]}, "input_mask must have the shape of input_ids; got] [1 2] [and] [1 3]"),
+           ({"input_mask": [[1, 1, 1, 1]]}, "input_mask must have the shape of input_ids"),
+           ({"segment_ids": [[0, 0]]}, "segment_ids must have the shape of input_ids"),
+           ({"input_ids": [[2, 40, 3], [2, 41, 3]]}, "input_mask must have the shape of input_ids; got] [1 3] [and] [2 3]"),
+           ({k: [[]] for k in good}, "input_ids must have 1 to ")]
     rest = RestClient("127.0.0.1", served.rest_port, "classification")
     assert rest.predict(good, signature_name="serve_ids")["logits"].shape == (1, 2)
     with GrpcClient("127.0.0.1", served.grpc_port, "classification") as grpc_client:
-        for key, value, words in bad:
-            inputs = {**good, key: value}
+        for changes, words in bad:
+            inputs = {**good, **changes}
             with pytest.raises(ServingRequestError) as e:
                 rest.predict(inputs, signature_name="serve_ids")
             assert e.value.status == 400 and words in e.value.message and "\n" not in e.value.message, e.value.message
