@@ -278,6 +278,73 @@ _LOADER = textwrap.dedent("""
             out[signature] = {k: plain(v) for k, v in fn(**tensors).items()}
         result["models"][name] = out
     result["electra_tf_imported"] = any(m.split(".")[0] == "electra_tf" for m in sys.modules)
+
+    # As TF Serving runs an export: the MetaGraph loaded into a (TF1) Session, each signature
+    # run by its SignatureDef's tensor names, the warmup file replayed through it. Also the
+    # Classify / Regress signatures on tf.Examples holding the text inputs.
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    def examples(texts):
+        out = []
+        for row in zip(*texts.values()):
+            example = example_pb2.Example()
+            for key, text in zip(texts, row):
+                example.features.feature[key].bytes_list.value.append(text.encode("utf-8"))
+            out.append(example.SerializeToString())
+        return np.array(out, dtype=object)
+
+    def warmup_feeds(path):
+        feeds = []
+        for record in tf.data.TFRecordDataset(path + "/assets.extra/tf_serving_warmup_requests"):
+            log = prediction_log_pb2.PredictionLog.FromString(record.numpy())
+            kind = log.WhichOneof("log_type")
+            request = getattr(log, kind).request
+            if kind == "predict_log":
+                inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+            else:
+                inputs = {"inputs": np.array([e.SerializeToString() for e in request.input.example_list.examples], dtype=object)}
+            feeds.append((request.model_spec.signature_name or "serving_default", inputs))
+        return feeds
+
+    # The text signatures and Classify / Regress of each family's export (`serve_ids` runs the
+    # same frozen head): a Session builds an executor per signature, ~0.5 s each.
+    sessions, result["session"], result["session_warmup"] = {}, {}, {}
+    for name, job in request.items():
+        path = job["path"]
+        if not job.get("session"):
+            continue
+        if path not in sessions:
+            graph = tf.Graph()
+            with graph.as_default():
+                session = tf.compat.v1.Session(graph=graph)
+                meta = tf.compat.v1.saved_model.loader.load(session, ["serve"], path)
+            sessions[path] = (session, meta.signature_def)
+
+            def run(signature, inputs, session=session, defs=meta.signature_def):
+                sig = defs[signature]
+                keys = sorted(sig.outputs)
+                got = session.run([sig.outputs[k].name for k in keys],
+                                  {sig.inputs[k].name: v for k, v in inputs.items()})
+                return {k: plain(tf.constant(v)) for k, v in zip(keys, got)}
+            sessions[path] += (run,)
+            # One record per signature and batch size (the local server's replay runs them all).
+            kept = {(signature, len(next(iter(inputs.values())))): (signature, inputs)
+                    for signature, inputs in warmup_feeds(path) if signature != "serve_ids"}
+            result["session_warmup"][path] = sorted(
+                [signature, size] for (signature, size), (_, inputs) in kept.items()
+                if run(signature, inputs))
+        _, defs, run = sessions[path]
+        out = {}
+        for signature, inputs in job["signatures"].items():
+            if signature == "serve_ids":
+                continue
+            out[signature] = run(signature, {k: np.array(v, dtype=object if signature == "serving_default" else np.int32)
+                                             for k, v in inputs.items()})
+            api = [n for n in ("classify", "regress") if n in defs]
+            if signature == "serving_default" and api:
+                out[api[0]] = run(api[0], {"inputs": examples(inputs)})
+        result["session"][name] = out
     json.dump(result, open(sys.argv[2], "w"))
 """)
 
@@ -300,7 +367,7 @@ def fresh_process(cases, exports, raw_rows, casing_exports, tmp_path_factory):
     """One process (only tensorflow + tensorflow_text) answers for the whole file: both signatures
     of every head's export, the raw rows' exports and their controls, the casing exports."""
     work = tmp_path_factory.mktemp("loader")
-    request = {name: {"path": exports[name], "signatures": {
+    request = {name: {"path": exports[name], "session": True, "signatures": {
         "serving_default": cases[name].text_inputs,
         "serve_ids": {k: cases[name].ids[k].tolist() for k in INPUT_KEYS}}} for name in cases}
     for rows in raw_rows.values():
@@ -515,6 +582,39 @@ def test_raw_rows_train_and_serve_on_the_same_ids(cased, raw_rows, fresh_process
 def test_fresh_process_imports_only_tensorflow_and_text(fresh_process):
     assert fresh_process["electra_tf_imported"] is False
     assert set(NAMES) <= set(fresh_process["models"])
+
+
+def test_tf_servings_way_of_running_an_export_gives_the_same_answers(fresh_process, exports):
+    """Each family's export, loaded as TF Serving loads it (a TF1 Session over the MetaGraph,
+    signatures run by their tensor names; TF Serving itself cannot be installed here), answers
+    the text requests as `tf.saved_model.load` does, runs a warmup record of each text signature
+    and batch size, and its Classify / Regress signature on tf.Examples of the texts answers as
+    `serving_default`."""
+    models, session = fresh_process["models"], fresh_process["session"]
+    assert set(session) == set(NAMES)
+    for name in NAMES:
+        for signature, want in models[name].items():
+            if signature == "serve_ids":
+                continue
+            got = session[name][signature]
+            assert set(got) == set(want), (name, signature)
+            for key in want:
+                if np.array(want[key]).dtype.kind == "f":
+                    np.testing.assert_allclose(np.array(got[key]), np.array(want[key]), rtol=1e-6,
+                                               atol=1e-6, err_msg=f"{name} {signature} {key}")
+                else:
+                    assert got[key] == want[key], (name, signature, key)
+    for name in ("classification", "pair"):
+        classify, text = session[name]["classify"], session[name]["serving_default"]
+        assert classify["scores"] == text["probabilities"]
+        assert [row[int(np.argmax(scores))] for row, scores in zip(classify["classes"], classify["scores"])] == text["label"]
+    assert session["regression"]["regress"]["outputs"] == session["regression"]["serving_default"]["score"]
+    replayed = fresh_process["session_warmup"]
+    for name in NAMES:
+        path = exports[name]
+        signatures = {"serving_default"} | ({"classify"} if name in ("classification", "pair") else
+                                           {"regress"} if name == "regression" else set())
+        assert replayed[path] == sorted([s, b] for s in signatures for b in (1, 8)), name
 
 
 @pytest.mark.parametrize("name", NAMES)
