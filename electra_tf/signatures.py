@@ -31,6 +31,7 @@ composes. Every input and output has the batch first:
   - multiple choice: `context` [B], `choices` [B, C] ("" for no choice) -> `probabilities`
     float32 [B, C], `choice` int32 [B], `answer` string [B].
   QA and multiple choice have no `truncated` output (yet): a QA context is cut as said above.
+  Two inputs must have the same number of rows (`_with_row_check`, InvalidArgument otherwise).
 - `classify` (classification) / `regress` (regression): TF Serving's Classify / Regress API
   (method names `tensorflow/serving/classify` / `.../regress`, `METHOD_NAMES`, set in
   saved_model.pb after Keras writes every endpoint as a predict signature). `inputs` string [B]: serialized `tf.Example`s
@@ -54,6 +55,8 @@ composes. Every input and output has the batch first:
 """
 
 from __future__ import annotations
+
+import inspect
 
 import tensorflow as tf
 
@@ -92,7 +95,8 @@ def for_head(head, description: FinetunedModelConfig, pre: TextPreprocessor,
         return family.infer(head, inputs)
 
     text_fn, text_spec = family.serving_signature(head, description, pre)
-    signatures = {"serving_default": _with_truncated(family, text_fn, text_spec, pre)}
+    signatures = {"serving_default": _with_row_check(
+        *_with_truncated(family, text_fn, text_spec, pre))}
     signatures.update(_example_signature(family, head, description, text_fn, text_spec))
     signatures[SERVE_IDS] = (serve_ids, ids_spec)
     return signatures
@@ -201,6 +205,32 @@ def _id_checks(config, input_ids, input_mask, segment_ids) -> list:
              " got", positions],
             name="check_positions"),
     ]
+
+
+def _with_row_check(fn, spec):
+    """(fn, spec) of a text signature with two inputs (a pair, a question and its context, a
+    context and its choices), checking in the graph that both have the same number of rows:
+    unchecked, a mismatch failed deep in the packing with "Incompatible shapes: [6] vs. [5]".
+    As it is for one input."""
+    if len(spec) == 1:
+        return fn, spec
+    first, second = (s.name for s in spec)
+
+    def check(a, b):
+        rows_a, rows_b = tf.shape(a)[0], tf.shape(b)[0]
+        return tf.debugging.Assert(
+            tf.equal(rows_a, rows_b),
+            [f"{first} and {second} must have the same number of rows; got", rows_a, "and", rows_b],
+            name="check_rows")
+
+    def serve_two(a, b):
+        with tf.control_dependencies([check(a, b)]):
+            return fn(tf.identity(a), tf.identity(b))
+    # The inputs keep the signature's names (a SavedModel signature takes them from the
+    # function's parameters).
+    serve_two.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in (first, second)])
+    return serve_two, spec
 
 
 def _with_truncated(family, fn, spec, pre: TextPreprocessor):

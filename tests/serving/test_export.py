@@ -651,6 +651,27 @@ def test_qa_without_a_span(exports):
     assert (got["score"].numpy() == np.finfo(np.float32).min).all()
 
 
+def test_two_inputs_with_different_row_counts_are_refused_naming_both(exports):
+    """A pair, a question and its context, a context and its choices: rows that do not match are
+    refused in the graph, naming both inputs and their counts (they failed deep in the packing
+    with "Incompatible shapes"); so are choices with no column."""
+    import tensorflow_text  # noqa: F401
+
+    calls = {"pair": {"text": ["a", "b"], "text_pair": ["c"]},
+             "qa": {"question": ["what ?"], "context": ["the film", "a story"]},
+             "multiple_choice": {"context": ["the film", "x"], "choices": [["a", "b"]]}}
+    for name, inputs in calls.items():
+        fn = tf.saved_model.load(exports[name]).signatures["serving_default"]
+        first, second = inputs
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=rf"{first} and {second} must have the same number of rows; got\] \[{len(inputs[first])}\] \[and\] \[{len(inputs[second])}\]"):
+            fn(**{k: tf.constant(v) for k, v in inputs.items()})
+        even = {k: tf.constant(v[:1]) for k, v in inputs.items()}
+        assert all(v.shape[0] == 1 for v in fn(**even).values())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="choices needs at least one column"):
+        fn(context=tf.constant(["the film"]), choices=tf.zeros([1, 0], tf.string))
+
+
 def test_label_strings_and_shapes(fresh_process, cases):
     got = fresh_process["models"]
     assert set(got["classification"]["serving_default"]["label"]) <= {"negative", "positive"}

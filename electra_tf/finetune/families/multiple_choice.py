@@ -98,6 +98,11 @@ class MultipleChoice(TaskFamily):
 
         def serve_text(context, choices):
             batch, num_choices = tf.shape(choices)[0], tf.shape(choices)[1]
+            # Unchecked, no column failed in the softmax ("Reduction axis -1 is empty").
+            with tf.control_dependencies([tf.debugging.Assert(
+                    num_choices > 0, ["choices needs at least one column (choice); got",
+                                      tf.shape(choices)], name="check_choices")]):
+                choices = tf.identity(choices)
             flat = tf.reshape(choices, [-1])  # [B * C]
             # Padded to the longest pair, as the sentence signatures (the head reads [CLS] only).
             packed = pre.pack_sentences(tf.repeat(context, num_choices), flat, pad_to_longest=True)
