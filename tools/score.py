@@ -57,9 +57,30 @@ def format_line(text: str, result, fmt: str) -> str:
     return f"{result.score:.6f}\t{text}"
 
 
+def output_problem(output: str, input_path: str, checkpoint: str, vocab_file: str | None) -> str | None:
+    """Why the scores cannot be written to `output`, known before the model loads (a large
+    input takes long to score): an input of the command by any spelling (the sentences, the
+    vocabulary, a file of the checkpoint), a folder, a missing or unwritable folder."""
+    import glob
+    import os
+
+    from electra_tf.data.text_files import output_problem as problem
+
+    inputs = [p for p in (input_path if input_path != "-" else None, vocab_file) if p]
+    if os.path.isdir(checkpoint):
+        inputs += [os.path.join(root, name) for root, _, names in os.walk(checkpoint) for name in names]
+    else:
+        inputs += glob.glob(glob.escape(checkpoint) + "*")
+    return problem(output, inputs)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if _OUTPUT.value is not None:
+        problem = output_problem(_OUTPUT.value, _INPUT.value, _CHECKPOINT.value, _VOCAB.value)
+        if problem:
+            sys.exit(f"electra-score: error: --output={_OUTPUT.value}: {problem}")
     from electra_tf.data.tokenizer import VocabError
     from electra_tf.scoring import Scorer, ScoringError, progress_logger  # TensorFlow: after the flags
 

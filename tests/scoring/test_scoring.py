@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,6 +179,20 @@ def test_electra_score_command(checkpoint, tmp_path):
         assert failed.returncode == 1
         last = failed.stderr.strip().splitlines()[-1]
         assert last.startswith("electra-score: error:") and message in last, failed.stderr[-1000:]
+
+    # An --output that is an input (by another spelling too), or cannot be written: refused
+    # before the model loads, the input untouched (it was replaced by its scores).
+    before = text.read_bytes()
+    for output, message in ((text.parent / "." / text.name, f"the same file as the input {text}"),
+                            (sorted(Path(checkpoint).iterdir())[0], "the same file as the input"),
+                            (tmp_path, "a folder"),
+                            (tmp_path / "missing" / "scores.tsv", "does not exist")):
+        failed = cli("electra_tf.tools.score", f"--checkpoint={checkpoint}", f"--input={text}",
+                     f"--output={output}")
+        last = failed.stderr.strip().splitlines()[-1]
+        assert failed.returncode == 1 and last.startswith(f"electra-score: error: --output={output}: "), last
+        assert message in last, last
+    assert text.read_bytes() == before
 
 
 def free_port() -> int:
