@@ -263,6 +263,8 @@ class RestClient(_Client):
             return f"no answer within {self.timeout:g} s"
         if isinstance(reason, http.client.RemoteDisconnected):
             return "the server closed the connection without answering"
+        if isinstance(reason, http.client.BadStatusLine):  # a gRPC (HTTP/2) port sends frames
+            return "the answer is not HTTP/1.1: is this a gRPC port? The REST API speaks HTTP/1.1"
         return getattr(reason, "strerror", None) or " ".join(str(reason).split()) or type(reason).__name__
 
     def status(self, version: int | None = None) -> dict:

@@ -324,6 +324,22 @@ def test_client_against_no_server_a_silent_one_and_a_closing_one_is_one_line(tmp
                     client.status()
             assert re.search(words, e.value.message) and "\n" not in e.value.message, e.value.message
 
+    # The REST client pointed at a gRPC port (HTTP/2 frames come back): said so, not the frames'
+    # bytes as text.
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with pytest.raises(UnreachableServerError) as e:
+            RestClient("127.0.0.1", port, "tiny", timeout=5).status()
+    finally:
+        server.stop(None)
+    assert e.value.message == "the answer is not HTTP/1.1: is this a gRPC port? The REST API speaks HTTP/1.1"
+
 
 # ----------------------------------------------------------------------------- generate_models_config
 
