@@ -115,6 +115,15 @@ class FinetunedModelConfig(JsonConfig):
             if self.num_labels and len(self.label_names) != self.num_labels:
                 raise ConfigError(f"FinetunedModelConfig.label_names: {len(self.label_names)} names for "
                                   f"num_labels {self.num_labels}")
+            repeated = sorted({n for n in self.label_names if self.label_names.count(n) > 1})
+            if repeated:  # a served label (or Classify's classes) would not say which class
+                raise ConfigError(f"FinetunedModelConfig.label_names: must be distinct ({repeated} "
+                                  "repeated)")
+        # Past the position embeddings, a served text would fail in the graph, not at export.
+        positions = (self.head_config.get("config") or {}).get("max_position_embeddings")
+        if isinstance(positions, int) and self.max_seq_length > positions:
+            raise ConfigError(f"FinetunedModelConfig.max_seq_length: {self.max_seq_length} is more "
+                              f"than the model's max_position_embeddings ({positions})")
         if self.qa is not None and not isinstance(self.qa, QAOptions):
             raise ConfigError(f"FinetunedModelConfig.qa: must be a JSON object or null (got {self.qa!r})")
 

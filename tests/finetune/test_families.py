@@ -281,6 +281,9 @@ def test_head_config_round_trips_and_names_a_bad_field(tmp_path, vocab_file):
         ("family", "ranking", "FinetunedModelConfig.family: must be one of"),
         ("max_seq_length", "16", "FinetunedModelConfig.max_seq_length: must be an integer"),
         ("label_names", ["a"], "FinetunedModelConfig.label_names: 1 names for num_labels 2"),
+        ("label_names", ["a", "a"], r"FinetunedModelConfig.label_names: must be distinct \(\['a'\] repeated\)"),
+        ("max_seq_length", 100_000, "FinetunedModelConfig.max_seq_length: 100000 is more than the model's "
+                                    r"max_position_embeddings \(\d+\)"),
         ("qa", {"n_best_size": 0}, "field 'qa': QAOptions.n_best_size: must be >= 1"),
         ("colour", "red", r"unknown field\(s\) \['colour'\]"),
     ]:
