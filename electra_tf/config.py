@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,10 @@ class ConfigError(ValueError):
 
 _JSON_TYPES = {  # annotation -> (check, what the message says it must be)
     "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    # Finite: JSON files (and float flags) may hold NaN / Infinity, and NaN passes every range
+    # check (it compares false), to surface later as a diverged loss.
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+              "a finite number"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "dict": (lambda v: isinstance(v, dict), "a JSON object"),
@@ -214,6 +218,8 @@ class ElectraConfig(JsonConfig):
             fail("gen_weight", "must be >= 0")
         if self.initializer_range <= 0:
             fail("initializer_range", "must be > 0")
+        if self.layer_norm_epsilon <= 0:  # the normalisation divides by sqrt(variance + epsilon)
+            fail("layer_norm_epsilon", "must be > 0")
         if self.max_predictions_per_seq is not None and self.max_predictions_per_seq < 1:
             fail("max_predictions_per_seq", "must be a positive integer or null")
         if self.hidden_act not in ACTIVATIONS:

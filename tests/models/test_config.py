@@ -57,6 +57,10 @@ def test_max_predictions_rule():
     ("hidden_dropout", 1.0, "hidden_dropout"),
     ("num_layers", "12", "integer"),
     ("disallow_correct", 1, "true or false"),
+    # JSON's NaN / Infinity passed every range check (NaN compares false); epsilon 0 divides by 0.
+    ("temperature", float("nan"), "must be a finite number"),
+    ("initializer_range", float("inf"), "must be a finite number"),
+    ("layer_norm_epsilon", 0.0, "must be > 0"),
 ])
 def test_bad_values_name_the_field(tmp_path, field, value, message):
     path = tmp_path / "bad.json"
@@ -127,7 +131,11 @@ def test_every_config_type_checks_field_types_the_same_way():
     cases = ((ElectraConfig, ConfigError, "max_predictions_per_seq", 1.5, "must be an integer or null"),
              (ElectraConfig, ConfigError, "hidden_act", 1, "must be a string"),
              (FinetuningConfig, ConfigError, "keep_best", "yes", "must be true or false"),
-             (PretrainingConfig, PretrainingConfigError, "learning_rate", "1e-4", "must be a number"))
+             (PretrainingConfig, PretrainingConfigError, "learning_rate", "1e-4", "must be a finite number"),
+             # NaN passed the range checks and ended as a diverged loss, "lower --learning_rate".
+             (PretrainingConfig, PretrainingConfigError, "weight_decay", float("nan"), "must be a finite number"),
+             (FinetuningConfig, ConfigError, "weight_decay", float("inf"), "must be a finite number"),
+             (FinetuningConfig, ConfigError, "null_score_diff_threshold", float("-inf"), "must be a finite number"))
     for cls, error, field, value, message in cases:
         with pytest.raises(error, match=rf"^{cls.__name__}\.{field}: {message} \(got {value!r}\)$"):
             cls(**{field: value})
