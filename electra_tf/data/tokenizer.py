@@ -77,6 +77,9 @@ def load_vocab(vocab_file: str) -> list[str]:
     if b"\x00" in data:
         line_no = data[: data.index(b"\x00")].count(b"\n") + 1
         raise VocabError(f"{vocab_file}:{line_no}: NUL byte: binary file, not a WordPiece vocab")
+    if data.startswith(b"\xef\xbb\xbf"):  # else it is part of token 0, and [PAD] is "missing"
+        raise VocabError(f"{vocab_file}:1: starts with a byte-order mark (U+FEFF); save the vocab "
+                         "as UTF-8 without one (other WordPiece readers keep it in the first token)")
     lines = data.split(b"\n")
     if lines[-1] == b"":  # the usual trailing newline
         lines.pop()

@@ -129,6 +129,8 @@ SPECIALS = b"[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
     (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ":3: NUL byte"),
     (b"[PAD]\n[UNK]\n\xff\xfe\n", ":3: not UTF-8"),
     (b"[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\n", "missing special token(s) [MASK]"),
+    # A byte-order mark made token 0 "\ufeff[PAD]", reported as [PAD] missing.
+    (b"\xef\xbb\xbf" + SPECIALS + b"the\n", ":1: starts with a byte-order mark (U+FEFF)"),
 ])
 def test_not_a_vocab_is_rejected_naming_file_and_line(tmp_path, content, message):
     path = tmp_path / "bad_vocab.txt"
