@@ -105,6 +105,7 @@ class FinetuningFolder:
         """Where this run's best model is written until the run is complete."""
         if self.staging is None:
             self.staging = Path(tempfile.mkdtemp(prefix=".best.staging-", dir=self.path))
+            files.give_normal_mode(self.staging)  # mkdtemp's 0700 would become best/'s mode
         return self.staging
 
     def save_best(self, head, description: FinetunedModelConfig, vocab_file, family: TaskFamily,

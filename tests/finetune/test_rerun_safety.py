@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -117,6 +118,12 @@ def finished(tmp_path_factory, vocab_file, tiny_config):
     assert not os.path.islink(model_dir / "finetuning_config.json")
     assert not os.path.islink(model_dir / "predictions" / "epoch_1.jsonl")
     described(model_dir)
+    # Every folder and file in the normal mode (0777 / 0666 less the umask), best/ included:
+    # it was staged by mkdtemp, 0700, unreadable to a serving container under another user.
+    modes = {str(p.relative_to(model_dir)): oct(stat.S_IMODE(p.stat().st_mode))
+             for p in model_dir.rglob("*") if not p.is_symlink()}
+    assert "best" in modes and modes == {
+        name: oct((0o777 if (model_dir / name).is_dir() else 0o666) & ~files.umask()) for name in modes}
     return model_dir
 
 
