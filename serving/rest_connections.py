@@ -38,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -333,7 +334,37 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
         if len(body) < length:
             self.close_connection = True  # the client closed mid-body: no one to answer
             return None
-        return body
+        return self._decoded(body, max_bytes)
+
+    def _decoded(self, body: bytes, max_bytes: int) -> bytes | None:
+        """The body as sent, or uncompressed when its Content-Encoding is gzip (TF Serving's REST
+        server takes gzipped bodies too); None after answering 400, 413 or 415. Uncompressed
+        bodies obey the same `max_bytes`: a small gzip body that would inflate past it (a
+        "zip bomb") is stopped there, having never held more than `max_bytes`."""
+        encodings = [e.strip().lower() for v in self.headers.get_all("Content-Encoding") or []
+                     for e in v.split(",") if e.strip()]
+        if encodings in ([], ["identity"]):
+            return body
+        if encodings not in (["gzip"], ["x-gzip"]):
+            self.send_error(415, f"Content-Encoding {', '.join(encodings)} is not supported; send "
+                                 "the body uncompressed or as gzip")
+            return None
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)  # the gzip wrapper
+        try:
+            out = inflater.decompress(body, max_bytes + 1)
+        except zlib.error as e:
+            self.send_error(400, f"the body is not valid gzip (Content-Encoding: gzip): {e}")
+            return None
+        if len(out) > max_bytes:
+            self.send_error(413, f"request body inflates to more than the limit of {max_bytes} "
+                                 f"bytes (gzip, {len(body)} bytes sent)")
+            return None
+        if not inflater.eof or inflater.unused_data:
+            self.send_error(400, "the body is not valid gzip (Content-Encoding: gzip): "
+                                 + ("it ends before the gzip stream does" if not inflater.eof
+                                    else "bytes follow the gzip stream"))
+            return None
+        return out
 
     def discard_body(self) -> None:
         """Read and drop the declared body within the request deadline; close if it cannot be read whole."""

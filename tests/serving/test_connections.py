@@ -189,6 +189,37 @@ def test_oversize_body_gets_a_readable_413_with_urllib(server):
     assert status_seconds(server.rest_port) < 10
 
 
+def test_gzip_bodies_are_inflated_within_the_body_limit(server):
+    """Content-Encoding: gzip, as TF Serving's REST server takes it: the same answer as the plain
+    body; a body that inflates past the limit (a "zip bomb" of a few KB) gets 413, a damaged or
+    cut one 400, another encoding 415; the connection keeps serving."""
+    import gzip
+
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/tiny:predict"
+    body = json.dumps({"signature_name": "single_text", "instances": ["a b c"]}).encode()
+
+    def post(data, encoding=None):
+        headers = {"Content-Encoding": encoding} if encoding else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    plain = post(body)
+    assert plain[0] == 200 and post(gzip.compress(body), "gzip") == plain == post(gzip.compress(body), "GZip")
+    bomb = gzip.compress(b" " * (MAX_BODY + 1))
+    assert len(bomb) < MAX_BODY // 100
+    assert post(bomb, "gzip") == (413, {"error": f"request body inflates to more than the limit of {MAX_BODY} "
+                                                 f"bytes (gzip, {len(bomb)} bytes sent)"})
+    assert post(gzip.compress(body, 9) + b"!", "gzip")[1]["error"].endswith("bytes follow the gzip stream")
+    assert post(gzip.compress(body)[:-4], "gzip")[1]["error"].endswith("ends before the gzip stream does")
+    assert post(body, "gzip")[0] == 400
+    assert post(body, "br") == (415, {"error": "Content-Encoding br is not supported; send the body "
+                                               "uncompressed or as gzip"})
+    assert post(body) == plain
+
+
 def test_oversize_body_is_refused_on_its_content_length_before_it_is_read(server):
     """The 413 goes out as soon as the headers are read: a client declaring 10 GB and sending a few
     bytes has it at once, not after the 30 s deadline the server gives a body to arrive."""
