@@ -30,7 +30,7 @@ from tensorflow_serving.apis import (
 )
 
 from electra_tf.serving.budget import trim_heap
-from electra_tf.serving.errors import ServingError, invalid, not_found, without_paths
+from electra_tf.serving.errors import ServingError, invalid, without_paths
 from electra_tf.serving.inference_api import proto_call
 from electra_tf.serving.manager import ModelManager
 
@@ -111,10 +111,11 @@ def array_to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     return proto
 
 
-def _grpc_version(model_spec) -> int | None:
+def _grpc_version(model_spec, manager: ModelManager) -> int | None:
+    """The version a ModelSpec asks for: its number, the one its label names in the model's
+    `version_labels`, or None (the latest)."""
     if model_spec.WhichOneof("version_choice") == "version_label":
-        raise not_found(f"Unrecognized servable version label: {model_spec.version_label} (electra-serve does not"
-                        " resolve version labels; ask for a version number)")
+        return manager.version_of_label(model_spec.name, model_spec.version_label)
     if model_spec.HasField("version"):
         return model_spec.version.value
     return None
@@ -149,7 +150,7 @@ def _request_inputs(manager: ModelManager, data: bytes, max_batch_size: int, max
     request = _parse(predict_pb2.PredictRequest, data)
     if not request.model_spec.name:
         raise invalid("model_spec.name is required")
-    servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec))
+    servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec, manager))
     signature = servable.signature(request.model_spec.signature_name)
     for key, proto in request.inputs.items():  # dtypes and shapes first: nothing converted to be refused
         spec = signature.inputs.get(key)
@@ -227,7 +228,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         def servable_of(model_spec):
             if not model_spec.name:
                 raise invalid("model_spec.name is required")
-            return app.manager.servable(model_spec.name, _grpc_version(model_spec))
+            return app.manager.servable(model_spec.name, _grpc_version(model_spec, app.manager))
 
         with app.parse_budget.hold(len(data)):
             run = proto_call(_parse(request_class, data), servable_of, app.max_batch_size)
@@ -247,7 +248,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 raise invalid(f"Metadata field {unsupported[0]} is not supported (only signature_def)")
             if not request.model_spec.name:
                 raise invalid("model_spec.name is required")
-            return metadata_response(self.app.manager, request.model_spec.name, _grpc_version(request.model_spec))
+            return metadata_response(self.app.manager, request.model_spec.name, _grpc_version(request.model_spec, self.app.manager))
 
         return _grpc_call(context, run)
 
@@ -261,6 +262,6 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
             request = _parse(get_model_status_pb2.GetModelStatusRequest, data)
             if not request.model_spec.name:
                 raise invalid("model_spec.name is required")
-            return self.app.manager.status(request.model_spec.name, _grpc_version(request.model_spec))
+            return self.app.manager.status(request.model_spec.name, _grpc_version(request.model_spec, self.app.manager))
 
         return _grpc_call(context, run)

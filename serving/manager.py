@@ -22,7 +22,7 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
 )
 
-from electra_tf.serving.errors import not_found, shown, without_paths
+from electra_tf.serving.errors import invalid, not_found, shown, without_paths
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
 from electra_tf.serving import warmup
@@ -232,6 +232,17 @@ class ModelManager:
             self._thread = None
 
     # --- lookups
+
+    def version_of_label(self, name: str, label: str) -> int:
+        """The version `label` names in the model's `version_labels` (models.config), as TF
+        Serving resolves a request by label; INVALID_ARGUMENT naming it when the model has no
+        such label. The version is then served as if asked for by number (NOT_FOUND when it is
+        not loaded)."""
+        config = self.configs.get(name)
+        version = dict(config.version_labels).get(label) if config is not None else None
+        if version is None:
+            raise invalid(f"Unrecognized servable version label: {shown(label, 200)}")
+        return version
 
     def servable(self, name: str, version: int | None = None) -> Servable:
         with self._lock:

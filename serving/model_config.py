@@ -60,9 +60,8 @@ class ModelConfig:
         version_policy: "latest" (the `num_versions` highest), "all", or "specific".
         versions: the versions to serve with the "specific" policy.
         num_versions: how many of the highest versions the "latest" policy serves.
-        version_labels: TF Serving's `version_labels` as (label, version) pairs. They are
-            checked and written back, but this server does not resolve labels (a request by
-            label gets NOT_FOUND, saying so).
+        version_labels: TF Serving's `version_labels` as (label, version) pairs: checked,
+            written back, and resolved for requests by label (`ModelManager.version_of_label`).
     """
 
     name: str

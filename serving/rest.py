@@ -11,7 +11,7 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
-from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, not_found, shown, without_paths
+from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, shown, without_paths
 from electra_tf.serving.inference_api import inference_json
 from electra_tf.serving.json_api import metadata_json, predict_json, status_json
 from electra_tf.serving.rest_connections import ConnectionServer, JsonRequestHandler
@@ -62,7 +62,7 @@ class _RestHandler(JsonRequestHandler):
         app = self.server.app
 
         def run():
-            v = _version(version, label)
+            v = _version(version, label, app.manager, name)
             if metadata:
                 return 200, metadata_json(app.manager, name, v)
             return 200, status_json(app.manager, name, v)
@@ -81,7 +81,7 @@ class _RestHandler(JsonRequestHandler):
             return  # read_body has answered
 
         def run():
-            v = _version(version, label)
+            v = _version(version, label, app.manager, name)
             if method.lower() != "predict":
                 return 200, inference_json(app.manager, name, v, method.lower(), body, app.max_batch_size,
                                            app.scheduler, app.parse_budget)
@@ -126,11 +126,11 @@ def _metric_labels(command: str, path: str) -> tuple[str, str]:
     return name, "metadata" if path.lower().endswith("/metadata") else "status"
 
 
-def _version(version: str | None, label: str | None) -> int | None:
-    """The version in the path, an int64 as in TF Serving (whose message this is)."""
+def _version(version: str | None, label: str | None, manager, name: str) -> int | None:
+    """The version in the path, an int64 as in TF Serving (whose message this is), or the one its
+    label names in the model's `version_labels` (`ModelManager.version_of_label`)."""
     if label is not None:
-        raise not_found(f"Unrecognized servable version label: {shown(label)} (electra-serve does not resolve"
-                        " version labels; ask for a version number)")
+        return manager.version_of_label(name, label)
     if version is None:
         return None
     # Digits only (the route's pattern); a length check first: int() refuses 4300+ digits.

@@ -160,7 +160,7 @@ BAD_REQUESTS = [
     ("unknown model status", "GET", "/v1/models/nope", None, 404, "nope"),
     ("unknown version status", "GET", "/v1/models/tiny/versions/7", None, 404, "version 7"),
     ("unknown version metadata", "GET", "/v1/models/tiny/versions/7/metadata", None, 404, "Specific(tiny, 7)"),
-    ("label", "GET", "/v1/models/tiny/labels/stable", None, 404, "label"),
+    ("unknown label", "GET", "/v1/models/tiny/labels/stable", None, 400, "Unrecognized servable version label: stable"),
     ("bad path", "GET", "/v2/whatever", None, 404, "Malformed request"),
     ("GET on predict", "GET", "/v1/models/tiny:predict", None, 405, "not allowed"),
     ("POST on status", "POST", "/v1/models/tiny", PAIR, 405, "not allowed"),
@@ -431,6 +431,42 @@ def test_server_follows_models_config_version_policy(model_templates, install_ve
         client = RestClient("127.0.0.1", server.rest_port, "tiny")
         assert client.metadata()["model_spec"]["version"] == "1"
         assert [s["version"] for s in client.status()["model_version_status"]] == ["1"]
+
+
+def test_version_labels_of_models_config_name_versions_over_rest_and_grpc(model_templates, install_version,
+                                                                         tmp_path):
+    """`version_labels` in models.config, resolved as TF Serving resolves them: a request by label
+    (REST /labels/L, gRPC model_spec.version_label) is the request by the version it names; a
+    label the model does not have is INVALID_ARGUMENT / 400 naming it."""
+    base = str(tmp_path / "tiny")
+    install_version(model_templates, base, 1)
+    install_version(model_templates, base, 2)
+    config_path = tmp_path / "models.config"
+    config_path.write_text(model_config.models_config_text([model_config.ModelConfig(
+        "tiny", base, "specific", (1, 2), version_labels={"stable": 1, "canary": 2})]))
+    with ModelServer(models=model_config.read_models_config(str(config_path))) as server:
+        def predict(where):
+            return http(server, "POST", f"/v1/models/tiny{where}:predict", PAIR)
+
+        by_version = {v: predict(f"/versions/{v}") for v in (1, 2)}
+        assert by_version[1][0] == 200 and by_version[1] != by_version[2]  # version 2 answers otherwise
+        assert predict("/labels/stable") == by_version[1] and predict("/labels/canary") == by_version[2]
+        assert [s["version"] for s in http(server, "GET", "/v1/models/tiny/labels/canary")[1]["model_version_status"]] == ["2"]
+        assert http(server, "GET", "/v1/models/tiny/labels/stable/metadata")[1]["model_spec"]["version"] == "1"
+        assert predict("/labels/beta") == (400, {"error": "Unrecognized servable version label: beta"})
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name, request.model_spec.version_label = "tiny", "canary"
+            request.model_spec.signature_name = "single_text"
+            request.inputs["text"].CopyFrom(tf.make_tensor_proto(np.array([b"a b"])))
+            answer = stub.Predict(request, timeout=30)
+            assert answer.model_spec.version.value == 2
+            request.model_spec.version_label = "beta"
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Predict(request, timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.details() == "Unrecognized servable version label: beta"
 
 
 # ----------------------------------------------------------------------------- binaries
