@@ -37,6 +37,8 @@ import numpy as np
 DEFAULT_SIGNATURE = "serving_default"
 # The classify / regress signatures of electra_tf's classification / regression exports.
 CLASSIFY_SIGNATURE, REGRESS_SIGNATURE = "classify", "regress"
+# The SignatureDef method names of TF Serving's Classify and Regress APIs.
+CLASSIFY_METHOD, REGRESS_METHOD = "tensorflow/serving/classify", "tensorflow/serving/regress"
 
 # DataType enum names (tensorflow/core/framework/types.proto) -> numpy dtypes.
 _NUMPY_DTYPES = {
@@ -90,12 +92,21 @@ class _Client:
         signature_name: str = DEFAULT_SIGNATURE,
         version: int | None = None,
     ) -> list[dict]:
-        """Run `texts` (and `text_pairs`) through a text signature; one dict per example."""
+        """Run `texts` (and `text_pairs`) through a text signature; one dict per example. A
+        Classify or Regress signature (its method name) gets them as tf.Examples with the
+        features `text` (and `text_pair`): {"classes": [...], "scores": [...]} or {"outputs": v}."""
         inputs = {"text": list(texts)}
         if text_pairs is not None:
             if len(text_pairs) != len(texts):
                 raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
             inputs["text_pair"] = list(text_pairs)
+        method = self.signature(signature_name, version).get("method_name", "")
+        if method in (CLASSIFY_METHOD, REGRESS_METHOD):
+            examples = [dict(zip(inputs, row)) for row in zip(*inputs.values())]
+            if method == REGRESS_METHOD:
+                return [{"outputs": v} for v in self.regress(examples, None, signature_name, version)]
+            return [{"classes": [label for label, _ in row], "scores": [score for _, score in row]}
+                    for row in self.classify(examples, None, signature_name, version)]
         outputs = self.predict(inputs, signature_name, version)
         return [{k: _plain(v[i]) for k, v in sorted(outputs.items())} for i in range(len(texts))]
 

@@ -3,6 +3,10 @@ r"""electra-client: send texts to a TF Serving-compatible server; one JSON line 
     electra-client --server=127.0.0.1:8501 --protocol=rest --model_name=electra \
         --text="a great movie" --text="dull" [--text_pair=... per --text]
 
+With --signature_name naming a Classify or Regress signature (`classify`, `regress` of
+electra_tf's classification / regression exports) the texts go as tf.Examples through TF Serving's
+Classify / Regress API: one line per example with its `classes` and `scores`, or `outputs`.
+
 A server that cannot be reached (nothing listening, an unknown or unreachable host, a connection
 closed without an answer, no answer within --timeout_seconds) or that refuses the request is one
 line on stderr naming the server's address and the problem, exit 1.

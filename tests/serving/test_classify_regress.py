@@ -283,6 +283,24 @@ def test_regress_over_rest_and_grpc_equals_predict(server):
 
 
 @pytest.mark.multiprocess
+def test_the_clients_text_call_takes_the_classify_and_regress_apis_by_the_signatures_method(server):
+    """`classify_texts` (electra-client --signature_name=classify / regress) sends texts to a
+    Classify or Regress signature as tf.Examples, through that API (a Predict with `text` fails
+    there: its input is `inputs`), over REST and gRPC alike."""
+    for name, signature in (("paraphrase", "classify"), ("similarity", "regress")):
+        rest = RestClient("127.0.0.1", server[0], name)
+        with GrpcClient("127.0.0.1", server[1], name) as grpc_client:
+            got = {c: client.classify_texts(TEXTS, PAIRS, signature) for c, client in
+                   (("rest", rest), ("grpc", grpc_client))}
+        assert got["rest"] == got["grpc"] and len(got["rest"]) == len(TEXTS)
+        if signature == "classify":
+            want = rest.classify(_examples(name))
+            assert got["rest"] == [{"classes": [c for c, _ in row], "scores": [s for _, s in row]} for row in want]
+        else:
+            assert got["rest"] == [{"outputs": v} for v in rest.regress(_examples(name))]
+
+
+@pytest.mark.multiprocess
 def test_context_features_go_into_every_example_and_the_examples_win(server):
     """`context` holds text_pair for all; an example's own text_pair replaces it."""
     rest = RestClient("127.0.0.1", server[0], "paraphrase")
