@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from electra_tf.data.preprocessor import TextPreprocessor
 from electra_tf.export import check_version, format_report, write_version
-from electra_tf.models.encoder import fused_attention_weights
+from electra_tf.models.encoder import export_weights
 from electra_tf.scoring import Scorer, ScoringError, scored_positions, special_ids, token_scores
 
 
@@ -72,7 +72,7 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
     report = {"model_name": model_name, "family": "electric", "task": "score",
               "max_seq_length": max_seq_length, "lower_case": scorer.tokenizer.lower_case,
               "text_pair": False, "ids_only": False, "label_names": None}
-    with fused_attention_weights(scorer.discriminator):  # traced and written inside
+    with export_weights(scorer.discriminator):  # traced and written inside
         archive = keras.export.ExportArchive()
         archive.track(scorer.discriminator)
         archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)

@@ -75,7 +75,7 @@ from electra_tf.files import give_normal_mode
 from electra_tf.finetune.saving import FinetunedModelConfig
 from electra_tf.finetune.families import get_family
 from electra_tf.finetune.tasks import takes_pairs
-from electra_tf.models.encoder import fused_attention_weights
+from electra_tf.models.encoder import export_weights
 
 EXPORT_REPORT = os.path.join("assets.extra", "electra_export.json")
 
@@ -283,7 +283,7 @@ def export_head(head, description: FinetunedModelConfig | Mapping[str, Any], voc
     if freeze is None:
         freeze = weight_bytes(head) <= FREEZE_LIMIT_BYTES
     report["frozen"] = bool(freeze)
-    with fused_attention_weights(head):  # the signatures are traced and written inside
+    with export_weights(head, split_ffn=freeze):  # the signatures are traced and written inside
         archive = keras.export.ExportArchive()
         if not freeze:
             archive.track(head)

@@ -195,7 +195,7 @@ class SelfAttention(keras.layers.MultiHeadAttention):
     added to their scores, as the original `modeling.py` (`attention_mask` adder). Inference
     calls (float32, `training` false) of at most `EIGEN_ATTENTION_ROWS` rows run the per-head
     transposes, products and softmax on Eigen's kernels, faster than oneDNN's at one sentence's
-    size; inside `fused_attention_weights` (exports) the projections come from one fused variable.
+    size; inside `export_weights` (exports) the projections come from one fused variable.
 
     Called as `layer(x, attention_mask, training=...)` with x [batch, seq, H] and attention_mask
     [batch, seq] (1 for real tokens), or [batch, seq (query), seq (key)] (1 where the query may
@@ -214,10 +214,10 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         heads, head_dim = self._num_heads, self._key_dim
         width = heads * head_dim
         batch, seq, hidden = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
-        fused = None if training else _FUSED_QKV.get(self)
+        fused = None if training else _EXPORT_WEIGHTS.get(self)
         if fused is None:
             kernel, bias = self.qkv_weights()
-        else:  # an export's variables (`fused_attention_weights`)
+        else:  # an export's variables (`export_weights`)
             kernel, bias = (tf.cast(w, x.dtype) for w in fused)
         qkv = tf.matmul(tf.reshape(x, (-1, hidden)), kernel) + bias  # [batch * seq, 3 width]
         adder = (1.0 - tf.cast(attention_mask, qkv.dtype)) * -10000.0  # [batch, (seq,) seq]
@@ -266,17 +266,34 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         return kernel, bias
 
 
-# SelfAttention -> (kernel, bias) variables its inference calls read instead of concatenating
-# the three projections (`fused_attention_weights`). Weak: an export's variables live as long as
-# the layer, and the layer's own tracking (checkpoints, .keras files) never sees them.
-_FUSED_QKV: "weakref.WeakKeyDictionary[SelfAttention, tuple]" = weakref.WeakKeyDictionary()
+# Layer -> what its inference calls use in an export (`export_weights`): a SelfAttention's
+# fused (kernel, bias) variables; for a TransformerLayer, True: its feed-forward in parts for
+# short requests. Weak: an export's variables live as long as the layer, and the layer's own
+# tracking (checkpoints, .keras files) never sees them.
+_EXPORT_WEIGHTS: "weakref.WeakKeyDictionary[keras.layers.Layer, object]" = weakref.WeakKeyDictionary()
+
+# A short request's feed-forward in an export with constant weights (`export_weights(...,
+# split_ffn=True)`) runs in FFN_PARTS independent parts of the hidden units, summed. At a dozen to
+# a few dozen rows TensorFlow's oneDNN matmul makes poor use of a second thread (its hand-off to
+# the other thread costs about what the work does: [12, 256] x [256, 1024] took 88-95 us on two
+# threads, 80 on one); two chains x W1[:, part] -> GELU -> W2[part, :] that the executor runs side
+# by side, each on one thread, took an ELECTRA-Small layer's FFN at 12 rows from 242 to 108 us, at
+# 48 from 472 to 336; a batch-1 request 0.82x the time (AVX-512 EPYC, 2 cores; docs/benchmarks.md,
+# "Serving latency"). Larger requests keep one chain: split always, a batch of 32 took ~1.1x the
+# time (its groups, `families.sentence.by_length`, already run side by side). The parts are
+# slices of the constant kernels, which TensorFlow's graph optimiser folds once at load; with
+# variables they would be copied in every call, so exports that keep variables keep one chain.
+FFN_PARTS = 2
+SPLIT_FFN_ROWS = EIGEN_ATTENTION_ROWS  # the rows of a short request
 
 
 @contextlib.contextmanager
-def fused_attention_weights(model):
-    """Inside, every `SelfAttention` of `model` traced with `training=False` reads its
-    projections from one [H, 3 width] kernel and bias made here, as variables, instead of
-    concatenating (and scaling) three kernels in every call.
+def export_weights(model, split_ffn: bool = False):
+    """Inside, the layers of `model` traced with `training=False` take the forms made for
+    exports: every `SelfAttention` reads one [H, 3 width] projection kernel and bias made here, as
+    variables, instead of concatenating (and scaling) three kernels in every call; with
+    `split_ffn` (for weights frozen into the graph), every `TransformerLayer` runs the
+    feed-forward of a request of at most `SPLIT_FFN_ROWS` rows in `FFN_PARTS` parts.
 
     For exports: a signature traced inside reads the fused variables (which the SavedModel then
     holds in place of the three projections: same size) and skips a copy of every layer's Q/K/V
@@ -285,17 +302,21 @@ def fused_attention_weights(model):
     The values are those of `SelfAttention.qkv_weights` when the block is entered: a model that
     trains on afterwards must be exported again. Training calls never use them.
     """
-    layers = [layer for layer in model._flatten_layers() if isinstance(layer, SelfAttention)]
+    layers = [layer for layer in model._flatten_layers()
+              if isinstance(layer, SelfAttention) or (split_ffn and isinstance(layer, TransformerLayer))]
     try:
         for layer in layers:
-            kernel, bias = layer.qkv_weights()
-            _FUSED_QKV[layer] = (
-                tf.Variable(kernel, trainable=False, name=f"{layer.name}_fused_qkv_kernel"),
-                tf.Variable(bias, trainable=False, name=f"{layer.name}_fused_qkv_bias"))
+            if isinstance(layer, SelfAttention):
+                kernel, bias = layer.qkv_weights()
+                _EXPORT_WEIGHTS[layer] = (
+                    tf.Variable(kernel, trainable=False, name=f"{layer.name}_fused_qkv_kernel"),
+                    tf.Variable(bias, trainable=False, name=f"{layer.name}_fused_qkv_bias"))
+            else:
+                _EXPORT_WEIGHTS[layer] = True
         yield
     finally:
         for layer in layers:
-            _FUSED_QKV.pop(layer, None)
+            _EXPORT_WEIGHTS.pop(layer, None)
 
 
 @register
@@ -347,22 +368,39 @@ class TransformerLayer(keras.layers.Layer):
         # attention_mask: [batch, seq] of 1 for real tokens.
         attended = self.attention(x, attention_mask, training=training)
         x = self.attention_layer_norm(x + self.attention_dropout(attended, training=training))
-        hidden = self._feed_forward(x)
+        hidden = self._feed_forward(x, training)
         return self.output_layer_norm(x + self.output_dropout(hidden, training=training))
 
-    def _feed_forward(self, x):
+    def _feed_forward(self, x, training=None):
         """The FFN with the Dense layers' weights as 2-D matmuls, each followed by its bias add.
 
         `keras.layers.Dense` on [batch, seq, H] goes through a tensordot whose reshape sits
         between the matmul and the bias add, so TensorFlow's graph optimiser could not fuse
         them; written flat, each matmul takes its bias (and in an inference graph the
         intermediate one its GELU) in one oneDNN kernel. Same values: the same matmul on the
-        same rows (docs/benchmarks.md, "Serving latency").
+        same rows (docs/benchmarks.md, "Serving latency"). In an export with constant weights a
+        short request runs it in `FFN_PARTS` parts (`export_weights`).
         """
         inner, outer = self.intermediate, self.output_dense
         rows = tf.reshape(x, (-1, x.shape[-1]))
-        hidden = inner.activation(tf.nn.bias_add(tf.matmul(rows, inner.kernel), inner.bias))
-        out = tf.nn.bias_add(tf.matmul(hidden, outer.kernel), outer.bias)
+
+        def chain(kernel, bias, kernel_out):
+            hidden = inner.activation(tf.nn.bias_add(tf.matmul(rows, kernel), bias))
+            return tf.matmul(hidden, kernel_out)
+
+        def whole():
+            return tf.nn.bias_add(chain(inner.kernel, inner.bias, outer.kernel), outer.bias)
+
+        if training or not _EXPORT_WEIGHTS.get(self):
+            out = whole()
+        else:  # an export's short requests: chains the executor runs side by side
+            size = inner.kernel.shape[-1]
+            bounds = [size * i // FFN_PARTS for i in range(FFN_PARTS + 1)]
+            parts = [(inner.kernel[:, a:b], inner.bias[a:b], outer.kernel[a:b, :])
+                     for a, b in zip(bounds, bounds[1:])]
+            out = tf.cond(tf.shape(rows)[0] <= SPLIT_FFN_ROWS,
+                          lambda: tf.nn.bias_add(tf.add_n([chain(*p) for p in parts]), outer.bias),
+                          whole)
         return tf.reshape(out, tf.shape(x))  # the FFN maps H back to H
 
     def get_config(self):

@@ -133,7 +133,7 @@ def test_self_attention_computes_what_keras_multi_head_attention_does():
 
 @pytest.mark.parametrize("batch, seq", [(1, 9), (3, 30)])  # rows below / above EIGEN_ATTENTION_ROWS
 def test_inference_forms_of_self_attention_compute_the_training_form(batch, seq):
-    """Inference takes Eigen's kernels for short requests and, inside `fused_attention_weights`
+    """Inference takes Eigen's kernels for short requests and, inside `export_weights`
     (exports), one fused Q/K/V variable: both are speed-ups of the same function."""
     from electra_tf.models import encoder
 
@@ -154,14 +154,14 @@ def test_inference_forms_of_self_attention_compute_the_training_form(batch, seq)
     ops = {node.op for f in graph.library.function for node in f.node_def}
     assert {"BatchMatMulV3", "BatchMatMulV2", "Bitcast"} <= ops  # both kernel sets, chosen at run time
 
-    with encoder.fused_attention_weights(layer):
+    with encoder.export_weights(layer):
         fused = tf.function(lambda x: layer(x, mask, training=False))
         fused_graph = fused.get_concrete_function(x).graph
         got = fused(x).numpy()
         np.testing.assert_array_equal(layer(x, mask, training=True).numpy(), training_form)
     np.testing.assert_allclose(got, training_form, rtol=1e-5, atol=1e-5)
     assert "ConcatV2" not in {op.type for op in fused_graph.get_operations()}  # nothing per call
-    assert layer not in encoder._FUSED_QKV  # gone with the block: later traces read the kernels
+    assert layer not in encoder._EXPORT_WEIGHTS  # gone with the block: later traces read the kernels
     np.testing.assert_array_equal(tf.function(lambda x: layer(x, mask, training=False))(x).numpy(),
                                   infer(x).numpy())
     for policy in ("mixed_float16", "mixed_bfloat16"):  # inference in the mixed precisions runs too
@@ -171,6 +171,43 @@ def test_inference_forms_of_self_attention_compute_the_training_form(batch, seq)
         got = tf.function(lambda x: half(x, mask, training=False))(x)
         error = np.abs(tf.cast(got, tf.float32).numpy() - training_form).mean()
         assert error < 0.02 * np.abs(training_form).mean(), (policy, error)  # the format's rounding
+
+
+@pytest.mark.parametrize("batch, seq", [(1, 9), (3, 30)])  # rows below / above SPLIT_FFN_ROWS
+def test_an_exports_feed_forward_in_parts_computes_the_whole_one(batch, seq):
+    """Inside `export_weights(split_ffn=True)` (exports with constant weights) a short request
+    runs the FFN as `FFN_PARTS` chains over parts of the hidden units, summed: the same function,
+    in twice the matmuls; a long one keeps one chain; outside the block nothing changes."""
+    from electra_tf.models import encoder
+
+    assert (batch * seq <= encoder.SPLIT_FFN_ROWS) == (batch == 1)
+    layer = encoder.TransformerLayer(ElectraConfig.from_json("electra_tiny"))
+    layer.build()
+    rng = np.random.default_rng(2)
+    layer.set_weights([rng.normal(0, 0.3, w.shape).astype(np.float32) for w in layer.get_weights()])
+    x = tf.constant(rng.normal(size=(batch, seq, layer.config.hidden_size)), tf.float32)
+    mask = tf.ones((batch, seq), tf.int32)
+    whole = tf.function(lambda x: layer._feed_forward(x, training=False))
+    want = whole(x).numpy()
+
+    def matmuls(fn):
+        graph = fn.get_concrete_function(x).graph.as_graph_def()
+        nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+        return sum(node.op == "MatMul" for node in nodes)
+
+    with encoder.export_weights(layer, split_ffn=True):
+        parts = tf.function(lambda x: layer._feed_forward(x, training=False))
+        got = parts(x).numpy()
+        # training calls never take the parts
+        assert matmuls(tf.function(lambda x: layer._feed_forward(x, training=True))) == 2
+        layer_out = layer(x, mask, training=False).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(got, np.zeros_like(got))
+    assert matmuls(whole) == 2 and matmuls(parts) == 2 + 2 * encoder.FFN_PARTS  # both forms, chosen at run time
+    np.testing.assert_allclose(layer_out, layer(x, mask, training=False).numpy(), rtol=1e-5, atol=1e-5)
+    assert layer not in encoder._EXPORT_WEIGHTS
+    with encoder.export_weights(layer):  # without split_ffn (exports that keep variables)
+        assert matmuls(tf.function(lambda x: layer._feed_forward(x, training=False))) == 2
 
 
 def test_dropout_rate_expectation_and_fresh_draws():
