@@ -7,6 +7,8 @@ Both clients return the same Python values for the same request:
   is always a dict of output name -> numpy array with the batch first; strings are
   `bytes` in object arrays, as `tf.make_ndarray` gives them.
 - `metadata()`, `status()`: the REST JSON of GetModelMetadata / GetModelStatus.
+- Every call takes `version`: None for the latest served, an int for that version, a str for a
+  version label of the server's models.config (`version_labels`, e.g. "stable").
 - `classify_texts(texts, text_pairs)`: the exporter's `text` (+ `text_pair`) ->
   `probabilities` / `label` contract, one dict of plain Python values per example.
 - `classify(examples, context)`, `regress(examples, context)`: TF Serving's Classify and
@@ -30,11 +32,14 @@ import base64
 import http.client
 import json
 import threading
+import urllib.parse
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 DEFAULT_SIGNATURE = "serving_default"
+# A model version as the clients take it: None (the latest served), a number, or a label.
+Version = int | str | None
 # The classify / regress signatures of electra_tf's classification / regression exports.
 CLASSIFY_SIGNATURE, REGRESS_SIGNATURE = "classify", "regress"
 # The SignatureDef method names of TF Serving's Classify and Regress APIs.
@@ -69,7 +74,7 @@ class _Client:
         self.host, self.port, self.model_name, self.timeout = host, port, model_name, timeout
         self._signatures: dict[tuple, dict] = {}
 
-    def signature(self, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict:
+    def signature(self, signature_name: str = DEFAULT_SIGNATURE, version: Version = None) -> dict:
         """The signature's JSON SignatureDef (inputs/outputs with dtype and shape), cached."""
         key = (signature_name, version)
         if key not in self._signatures:
@@ -79,7 +84,7 @@ class _Client:
             self._signatures[key] = defs[signature_name]
         return self._signatures[key]
 
-    def _rows_to_columns(self, rows: list, signature_name: str, version: int | None) -> dict:
+    def _rows_to_columns(self, rows: list, signature_name: str, version: Version) -> dict:
         names = sorted(self.signature(signature_name, version)["inputs"])
         if len(names) == 1 and rows and not (isinstance(rows[0], dict) and set(rows[0]) != {"b64"}):
             return {names[0]: list(rows)}
@@ -90,7 +95,7 @@ class _Client:
         texts: Sequence[str],
         text_pairs: Sequence[str] | None = None,
         signature_name: str = DEFAULT_SIGNATURE,
-        version: int | None = None,
+        version: Version = None,
     ) -> list[dict]:
         """Run `texts` (and `text_pairs`) through a text signature; one dict per example. A
         Classify or Regress signature (its method name) gets them as tf.Examples with the
@@ -110,24 +115,24 @@ class _Client:
         outputs = self.predict(inputs, signature_name, version)
         return [{k: _plain(v[i]) for k, v in sorted(outputs.items())} for i in range(len(texts))]
 
-    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: Version = None) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
     def classify(self, examples: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None,
-                 signature_name: str = CLASSIFY_SIGNATURE, version: int | None = None) -> list[list[tuple[str, float]]]:
+                 signature_name: str = CLASSIFY_SIGNATURE, version: Version = None) -> list[list[tuple[str, float]]]:
         """TF Serving's Classify on `examples` (each with the `context` features it lacks): the
         (label, score) of every class, one list per example."""
         raise NotImplementedError
 
     def regress(self, examples: Sequence[Mapping[str, Any]], context: Mapping[str, Any] | None = None,
-                signature_name: str = REGRESS_SIGNATURE, version: int | None = None) -> list[float]:
+                signature_name: str = REGRESS_SIGNATURE, version: Version = None) -> list[float]:
         """TF Serving's Regress on `examples` (each with the `context` features it lacks): one value per example."""
         raise NotImplementedError
 
-    def metadata(self, version: int | None = None) -> dict:
+    def metadata(self, version: Version = None) -> dict:
         raise NotImplementedError
 
-    def status(self, version: int | None = None) -> dict:
+    def status(self, version: Version = None) -> dict:
         raise NotImplementedError
 
 
@@ -209,10 +214,12 @@ class RestClient(_Client):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _url(self, version: int | None, suffix: str = "") -> str:
+    def _url(self, version: Version, suffix: str = "") -> str:
         """The path of the model's URL (on this client's host and port)."""
         url = f"/v1/models/{self.model_name}"
-        if version is not None:
+        if isinstance(version, str):
+            url += f"/labels/{urllib.parse.quote(version, safe='')}"
+        elif version is not None:
             url += f"/versions/{int(version)}"
         return url + suffix
 
@@ -278,17 +285,17 @@ class RestClient(_Client):
             return "the answer is not HTTP/1.1: is this a gRPC port? The REST API speaks HTTP/1.1"
         return getattr(reason, "strerror", None) or " ".join(str(reason).split()) or type(reason).__name__
 
-    def status(self, version: int | None = None) -> dict:
+    def status(self, version: Version = None) -> dict:
         return self._call(self._url(version))
 
-    def metadata(self, version: int | None = None) -> dict:
+    def metadata(self, version: Version = None) -> dict:
         return self._call(self._url(version, "/metadata"))
 
-    def predict_json(self, body: dict, version: int | None = None) -> dict:
+    def predict_json(self, body: dict, version: Version = None) -> dict:
         """POST a raw `:predict` body; return the raw JSON response."""
         return self._call(self._url(version, ":predict"), body)
 
-    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: Version = None) -> dict[str, np.ndarray]:
         outputs = self.signature(signature_name, version)["outputs"]
         names = sorted(outputs)
         if isinstance(inputs, dict):
@@ -309,7 +316,7 @@ class RestClient(_Client):
     def regress(self, examples, context=None, signature_name=REGRESS_SIGNATURE, version=None):
         return [_float32(value) for value in self._examples_call("regress", examples, context, signature_name, version)]
 
-    def _examples_call(self, verb: str, examples, context, signature_name: str, version: int | None) -> list:
+    def _examples_call(self, verb: str, examples, context, signature_name: str, version: Version) -> list:
         body = {"signature_name": signature_name, "examples": _json_value([dict(e) for e in examples])}
         if context is not None:
             body["context"] = _json_value(dict(context))
@@ -343,9 +350,11 @@ class GrpcClient(_Client):
     def __exit__(self, *exc):
         self.close()
 
-    def _spec(self, model_spec, version: int | None, signature_name: str | None = None) -> None:
+    def _spec(self, model_spec, version: Version, signature_name: str | None = None) -> None:
         model_spec.name = self.model_name
-        if version is not None:
+        if isinstance(version, str):
+            model_spec.version_label = version
+        elif version is not None:
             model_spec.version.value = int(version)
         if signature_name is not None:
             model_spec.signature_name = signature_name
@@ -364,7 +373,7 @@ class GrpcClient(_Client):
                 raise UnreachableServerError(code, details or "unavailable") from None
             raise ServingRequestError(code, details) from None
 
-    def status(self, version: int | None = None) -> dict:
+    def status(self, version: Version = None) -> dict:
         from google.protobuf import json_format
         from tensorflow_serving.apis import get_model_status_pb2
 
@@ -373,14 +382,14 @@ class GrpcClient(_Client):
         response = self._rpc(self.model_stub.GetModelStatus, request)
         return json_format.MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
-    def metadata_proto(self, version: int | None = None):
+    def metadata_proto(self, version: Version = None):
         from tensorflow_serving.apis import get_model_metadata_pb2
 
         request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
         self._spec(request.model_spec, version)
         return self._rpc(self.prediction_stub.GetModelMetadata, request)
 
-    def metadata(self, version: int | None = None) -> dict:
+    def metadata(self, version: Version = None) -> dict:
         from google.protobuf import json_format
         from tensorflow_serving.apis import get_model_metadata_pb2
 
@@ -395,7 +404,7 @@ class GrpcClient(_Client):
             "metadata": {"signature_def": as_dict(sig_map)},
         }
 
-    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: int | None = None) -> dict[str, np.ndarray]:
+    def predict(self, inputs: dict | list, signature_name: str = DEFAULT_SIGNATURE, version: Version = None) -> dict[str, np.ndarray]:
         import tensorflow as tf
         from tensorflow.core.framework import types_pb2
         from tensorflow_serving.apis import predict_pb2

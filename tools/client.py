@@ -29,6 +29,9 @@ flags.DEFINE_multi_string("text", [], "An input text (repeat for a batch).")
 flags.DEFINE_multi_string("text_pair", None, "The second segment, one per --text.")
 flags.DEFINE_string("signature_name", "serving_default", "Signature to call.")
 flags.DEFINE_integer("model_version", None, "A specific version (default: the latest served).")
+flags.DEFINE_string("model_version_label", None,
+                    "A version label of the server's models.config (version_labels), e.g. stable;"
+                    " instead of --model_version.")
 flags.DEFINE_float("timeout_seconds", 60.0, "Seconds to wait for each answer (connecting included).")
 
 _PORT = re.compile(r"[0-9]{1,5}")  # ASCII: str.isdigit() also takes '٣'
@@ -52,12 +55,17 @@ def main(argv):
                              f" {len(FLAGS.text_pair)} --text_pair")
     if not (math.isfinite(FLAGS.timeout_seconds) and FLAGS.timeout_seconds > 0):
         raise app.UsageError(f"--timeout_seconds must be a finite number of seconds > 0, got {FLAGS.timeout_seconds}")
+    if FLAGS.model_version is not None and FLAGS.model_version_label is not None:
+        raise app.UsageError("give --model_version or --model_version_label, not both")
+    if FLAGS.model_version_label is not None and not FLAGS.model_version_label.strip():
+        raise app.UsageError("--model_version_label must name a label, got an empty one")
+    version = FLAGS.model_version_label if FLAGS.model_version_label is not None else FLAGS.model_version
     host, port = parse_server(FLAGS.server)
     where = f"{ {'rest': 'REST', 'grpc': 'gRPC'}[FLAGS.protocol]} server at {FLAGS.server}"
     client_type = RestClient if FLAGS.protocol == "rest" else GrpcClient
     client = client_type(host, port, FLAGS.model_name, timeout=FLAGS.timeout_seconds)
     try:
-        results = client.classify_texts(FLAGS.text, FLAGS.text_pair, FLAGS.signature_name, FLAGS.model_version)
+        results = client.classify_texts(FLAGS.text, FLAGS.text_pair, FLAGS.signature_name, version)
     except UnreachableServerError as e:
         raise SystemExit(f"electra-client: error: {where}: {e.message}") from None
     except ServingRequestError as e:

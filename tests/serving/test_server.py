@@ -467,6 +467,18 @@ def test_version_labels_of_models_config_name_versions_over_rest_and_grpc(model_
                 stub.Predict(request, timeout=30)
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert e.value.details() == "Unrecognized servable version label: beta"
+        # Both clients take a label where they take a version number.
+        for client in (RestClient("127.0.0.1", server.rest_port, "tiny"),
+                       GrpcClient("127.0.0.1", server.grpc_port, "tiny")):
+            with client:
+                answers = {v: client.predict({"text": [b"a b"]}, "single_text", v)
+                           for v in (1, 2, "stable", "canary")}
+                for label, v in (("stable", 1), ("canary", 2)):
+                    assert all(np.array_equal(answers[label][k], answers[v][k]) for k in answers[v])
+                assert not np.array_equal(answers[1]["probabilities"], answers[2]["probabilities"])
+                assert client.metadata("canary")["model_spec"]["version"] == "2"
+                with pytest.raises(ServingRequestError, match="Unrecognized servable version label: beta"):
+                    client.predict({"text": [b"a b"]}, "single_text", "beta")
 
 
 # ----------------------------------------------------------------------------- binaries

@@ -305,6 +305,8 @@ def test_client_against_no_server_a_silent_one_and_a_closing_one_is_one_line(tmp
         commands = [[sys.executable, "-m", "electra_tf.tools.client", f"--server={server}", f"--protocol={protocol}",
                      "--model_name=tiny", "--text=a b", *extra] for server, protocol, extra in cases]
         commands.append([sys.executable, "-m", "electra_tf.tools.client", "--server=127.0.0.1:\u0663", "--text=x"])
+        commands.append([sys.executable, "-m", "electra_tf.tools.client", "--text=x", "--model_version=1",
+                         "--model_version_label=stable"])
         results = run_all(commands)
         for ((server, protocol, _), words), result in zip(cases.items(), results):
             what = "REST" if protocol == "rest" else "gRPC"
@@ -312,7 +314,8 @@ def test_client_against_no_server_a_silent_one_and_a_closing_one_is_one_line(tmp
             assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
             assert lines[-1].startswith(f"electra-client: error: {what} server at {server}: "), lines
             assert re.search(words, lines[-1]) and len(lines[-1]) < 400, lines
-        assert_one_line(results[-1], "electra-client: error: --server must be host:port with a port from 1 to 65535")
+        assert_one_line(results[-2], "electra-client: error: --server must be host:port with a port from 1 to 65535")
+        assert_one_line(results[-1], "electra-client: error: give --model_version or --model_version_label, not both")
 
         # gRPC (in process: its binary run costs a TensorFlow import, and its except clause is
         # the one the REST runs above pass through): nothing listening, a server that drops the
