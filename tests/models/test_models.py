@@ -204,6 +204,17 @@ def test_an_exports_feed_forward_in_parts_computes_the_whole_one(batch, seq):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not np.array_equal(got, np.zeros_like(got))
     assert matmuls(whole) == 2 and matmuls(parts) == 2 + 2 * encoder.FFN_PARTS  # both forms, chosen at run time
+    # chosen by rows <= SPLIT_FFN_ROWS: the parts when true, one chain when false
+    graph = parts.get_concrete_function(x).graph.as_graph_def()
+    functions = {f.signature.name: f for f in graph.library.function}
+    (cond,) = [node for node in graph.node if node.op in ("If", "StatelessIf")]
+    branch_matmuls = [sum(n.op == "MatMul" for n in functions[cond.attr[b].func.name].node_def)
+                      for b in ("then_branch", "else_branch")]
+    assert branch_matmuls == [2 * encoder.FFN_PARTS, 2]
+    predicate = {node.name: node for node in graph.node}[cond.input[0].split(":")[0]]
+    assert predicate.op == "LessEqual"
+    bound = {node.name: node for node in graph.node}[predicate.input[1].split(":")[0]]
+    assert tf.make_ndarray(bound.attr["value"].tensor) == encoder.SPLIT_FFN_ROWS
     np.testing.assert_allclose(layer_out, layer(x, mask, training=False).numpy(), rtol=1e-5, atol=1e-5)
     assert layer not in encoder._EXPORT_WEIGHTS
     with encoder.export_weights(layer):  # without split_ffn (exports that keep variables)
