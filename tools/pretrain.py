@@ -45,7 +45,9 @@ _CONFIG = flags.DEFINE_string(
     "config", "electra_small", "Model config: a configs/*.json name or a path. With "
     "--init_checkpoint the checkpoint's config is used; a --config given too must have its sizes.")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "key=value overrides of the model config.")
-_DATA = flags.DEFINE_string("data", None, "Glob(s) of pretraining TFRecord shards.", required=True)
+_DATA = flags.DEFINE_string("data", None, "Glob(s) of pretraining TFRecord shards, comma-separated, "
+                            "or the folder electra-build-data wrote (the shards its manifest.json "
+                            "lists).", required=True)
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Checkpoints, summaries, exports. A folder with checkpoints resumes only "
     "the run recorded in its pretraining_config.json: the same model config and flags, except "

@@ -64,6 +64,27 @@ def read_manifest(folder: str) -> dict | None:
     return manifest
 
 
+def listed_shards(folder: str) -> list[str] | None:
+    """The shards `folder`/manifest.json lists, as paths (None without a manifest).
+
+    Raises BadInputError naming the manifest when it lists none or a listed shard is missing
+    (moved, deleted, or the build was copied without it)."""
+    manifest = read_manifest(folder)
+    if manifest is None:
+        return None
+    path = os.path.join(folder, MANIFEST)
+    entries = manifest.get("shards")
+    if not isinstance(entries, list) or not entries or not all(
+            isinstance(e, dict) and isinstance(e.get("file"), str) for e in entries):
+        raise BadInputError(f"{path}: lists no shards (no \"shards\" with a \"file\" each)")
+    files = [os.path.join(folder, e["file"]) for e in entries]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise BadInputError(f"{path} lists {len(files)} shards but {len(missing)} are missing, "
+                            f"first {missing[0]}")
+    return files
+
+
 def manifest_for_shards(files: Sequence[str]) -> ShardManifest | None:
     """The manifest.json beside `files` (shard paths), or None when no folder of them has one.
 

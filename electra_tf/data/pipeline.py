@@ -39,6 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from electra_tf.data.inputs import INPUT_KEYS
+from electra_tf.data.manifest import MANIFEST, SHARD_PREFIX, listed_shards
 from electra_tf.progress import format_duration
 
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
@@ -49,16 +50,41 @@ class CorruptShardError(ValueError):
 
 
 def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
-    """Comma-separated globs or a list of globs -> sorted files; error naming empty patterns."""
+    """Comma-separated globs or folders (or a list of them) -> sorted shard files.
+
+    A folder stands for the shards its manifest.json lists (the folder `electra-build-data`
+    wrote), or, without one, its `pretrain_data.tfrecord-*` files (the authors' tool's names).
+    What a wildcard matches is read as a shell would: no hidden entries (an interrupted build's
+    `.pretrain_data.tfrecord-*.tmp` files, `.shard_stats/`) unless the pattern's last part starts
+    with a dot, no folders and no manifest.json, so `DIR/*` is the shards of DIR. A pattern
+    that leaves nothing raises FileNotFoundError naming it.
+    """
     patterns = file_pattern.split(",") if isinstance(file_pattern, str) else list(file_pattern)
     files = set()
     for pattern in patterns:
         pattern = pattern.strip()
-        matched = tf.io.gfile.glob(pattern) if pattern else []
+        matched = _pattern_files(pattern) if pattern else []
         if not matched:
             raise FileNotFoundError(f"{pattern or file_pattern!r}: no pretraining shards match")
         files.update(matched)
     return sorted(files)
+
+
+def _pattern_files(pattern: str) -> list[str]:
+    """The shard files one --data pattern names (see `list_shards`)."""
+    if tf.io.gfile.isdir(pattern):
+        listed = listed_shards(pattern)
+        files = listed if listed is not None else _pattern_files(os.path.join(pattern, SHARD_PREFIX + "-*"))
+        if not files:
+            raise FileNotFoundError(f"{pattern!r}: a folder with neither a {MANIFEST} nor "
+                                    f"{SHARD_PREFIX}-* shards in it; give a glob of its shards")
+        return files
+    if not any(c in pattern for c in "*?["):
+        return tf.io.gfile.glob(pattern)  # a file named in full is read whatever its name
+    hidden_ok = os.path.basename(pattern).startswith(".")
+    return [f for f in tf.io.gfile.glob(pattern)
+            if (hidden_ok or not os.path.basename(f).startswith("."))
+            and os.path.basename(f) != MANIFEST and not tf.io.gfile.isdir(f)]
 
 
 def _example_features(seq_length: int) -> dict:

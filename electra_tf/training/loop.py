@@ -508,7 +508,8 @@ def run_pretraining(model_config: ElectraConfig, config: PretrainingConfig, data
     Args:
       model_config: the discriminator's ElectraConfig.
       config: the run's PretrainingConfig.
-      data_pattern: glob(s) of pretraining TFRecord shards at `config.max_seq_length`.
+      data_pattern: glob(s) of pretraining TFRecord shards at `config.max_seq_length`, or
+        build folders (`pipeline.list_shards`).
       model_dir: checkpoints, summaries, config JSON and the exported discriminator.
       strategy: from `create_strategy`.
       vocab_file: copied next to the exported discriminator when given.

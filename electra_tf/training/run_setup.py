@@ -310,7 +310,8 @@ def resolve_run(data_pattern, *, config_name="electra_small", config_given=True,
     """The run's configs, vocabulary and initial weights from the command line's values.
 
     Args:
-      data_pattern: --data (globs of shards; a manifest.json beside them is read).
+      data_pattern: --data (globs of shards or build folders, `pipeline.list_shards`; a
+        manifest.json beside them is read).
       config_name: --config. config_given: whether it was given explicitly (with
         --init_checkpoint, an implicit one yields to the checkpoint's config).
       overrides: --override key=value strings for the model config.

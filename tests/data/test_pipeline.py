@@ -11,8 +11,9 @@ from tfrecord_framing import record_offsets
 import tensorflow as tf
 
 from electra_tf.data.packing import parse_example
-from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn,
+from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn, list_shards,
                                       pretraining_dataset)
+from electra_tf.data.text_files import BadInputError
 
 SEQ = 64
 
@@ -128,6 +129,41 @@ def test_reads_the_original_tools_shard_names(built_shards, tmp_path, helpers):
     ds = pretraining_dataset(str(tmp_path / "pretrain_data.tfrecord-*"), 64, SEQ,
                              is_training=False, drop_remainder=False)
     assert len(_rows(ds)) == manifest["num_examples"]
+
+
+def test_data_may_name_the_build_folder_and_a_star_reads_only_its_shards(built_shards, tmp_path):
+    out, manifest = built_shards
+    folder = tmp_path / "build"
+    shutil.copytree(out, folder)
+    listed = sorted(str(folder / s["file"]) for s in manifest["shards"])
+    # What an interrupted build and the builder's own bookkeeping leave beside the shards.
+    (folder / ".pretrain_data.tfrecord-00001-of-00004.x1y2.tmp").write_bytes(b"half a shard")
+    (folder / ".shard_stats").mkdir(exist_ok=True)
+    (folder / "subfolder").mkdir()
+    assert len(listed) == 4
+    assert list_shards(str(folder)) == listed
+    assert list_shards(str(folder) + "/") == listed
+    assert list_shards(str(folder / "*")) == listed  # no manifest.json, hidden files or folders
+    assert list_shards(str(folder / ".pretrain*")) == [str(folder / ".pretrain_data.tfrecord-00001-of-00004.x1y2.tmp")]
+    ds = pretraining_dataset(str(folder), 64, SEQ, is_training=False, drop_remainder=False)
+    assert len(_rows(ds)) == manifest["num_examples"]
+
+    # Without a manifest: the folder's pretrain_data.tfrecord-* files (the authors' tool's names).
+    os.remove(folder / "manifest.json")
+    (folder / "notes.txt").write_text("not a shard")
+    assert list_shards(str(folder)) == listed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(FileNotFoundError, match="empty': a folder with neither a manifest.json nor "
+                                                "pretrain_data.tfrecord-"):
+        list_shards(str(empty))
+
+    # A manifest naming a shard that is gone is named, with the shard.
+    shutil.copy(os.path.join(out, "manifest.json"), folder / "manifest.json")
+    os.remove(listed[2])
+    with pytest.raises(BadInputError, match=re.escape(f"{folder / 'manifest.json'} lists 4 shards but 1 "
+                                                      f"are missing, first {listed[2]}")):
+        list_shards(str(folder))
 
 
 # ---- corrupt shards -------------------------------------------------------------------------
