@@ -56,8 +56,8 @@ def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
     wrote), or, without one, its `pretrain_data.tfrecord-*` files (the authors' tool's names).
     What a wildcard matches is read as a shell would: no hidden entries (an interrupted build's
     `.pretrain_data.tfrecord-*.tmp` files, `.shard_stats/`) unless the pattern's last part starts
-    with a dot, no folders and no manifest.json, so `DIR/*` is the shards of DIR. A pattern
-    that leaves nothing raises FileNotFoundError naming it.
+    with a dot, no manifest.json and, on a local disk, no folders, so `DIR/*` is the shards of
+    DIR. A pattern that leaves nothing raises FileNotFoundError naming it.
     """
     patterns = file_pattern.split(",") if isinstance(file_pattern, str) else list(file_pattern)
     files = set()
@@ -72,19 +72,23 @@ def list_shards(file_pattern: str | Sequence[str]) -> list[str]:
 
 def _pattern_files(pattern: str) -> list[str]:
     """The shard files one --data pattern names (see `list_shards`)."""
-    if tf.io.gfile.isdir(pattern):
+    magic = any(c in pattern for c in "*?[")
+    if not magic and tf.io.gfile.isdir(pattern):
         listed = listed_shards(pattern)
         files = listed if listed is not None else _pattern_files(os.path.join(pattern, SHARD_PREFIX + "-*"))
         if not files:
             raise FileNotFoundError(f"{pattern!r}: a folder with neither a {MANIFEST} nor "
                                     f"{SHARD_PREFIX}-* shards in it; give a glob of its shards")
         return files
-    if not any(c in pattern for c in "*?["):
+    if not magic:
         return tf.io.gfile.glob(pattern)  # a file named in full is read whatever its name
     hidden_ok = os.path.basename(pattern).startswith(".")
+    # Folders are told apart on local disks only: on a remote filesystem (gs://...) each check
+    # would be one more request per matched shard.
+    local = "://" not in pattern
     return [f for f in tf.io.gfile.glob(pattern)
             if (hidden_ok or not os.path.basename(f).startswith("."))
-            and os.path.basename(f) != MANIFEST and not tf.io.gfile.isdir(f)]
+            and os.path.basename(f) != MANIFEST and not (local and os.path.isdir(f))]
 
 
 def _example_features(seq_length: int) -> dict:
