@@ -40,6 +40,7 @@ from absl import logging
 
 from electra_tf.data.inputs import INPUT_KEYS
 from electra_tf.data.manifest import MANIFEST, SHARD_PREFIX, listed_shards
+from electra_tf.files import is_remote
 from electra_tf.progress import format_duration
 
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
@@ -85,7 +86,7 @@ def _pattern_files(pattern: str) -> list[str]:
     hidden_ok = os.path.basename(pattern).startswith(".")
     # Folders are told apart on local disks only: on a remote filesystem (gs://...) each check
     # would be one more request per matched shard.
-    local = "://" not in pattern
+    local = not is_remote(pattern)
     return [f for f in tf.io.gfile.glob(pattern)
             if (hidden_ok or not os.path.basename(f).startswith("."))
             and os.path.basename(f) != MANIFEST and not (local and os.path.isdir(f))]
