@@ -2,8 +2,8 @@
 
   python -m electra_tf.tools.demo [--workdir=runs/demo] [--scale=1.0]
 
---scale multiplies data and training: 1.0 pretrains for about 25 minutes on 2 CPU cores and
-fine-tunes the pretrained and a randomly initialised encoder with 3 seeds each; 0.02 runs the
+--scale multiplies data and training: 1.0 pretrains 6,000 steps (12-30 minutes on 2 CPU cores,
+depending on the CPU) and fine-tunes the pretrained and a randomly initialised encoder with 3 seeds each; 0.02 runs the
 whole chain in a couple of minutes. Rerunning reuses the finished stages.
 
 SIGTERM or SIGINT stops the demo after the running stage keeps what it can (pretraining: a
@@ -21,7 +21,7 @@ from electra_tf.experiments import demo
 from electra_tf.training.preemption import Interrupted
 
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Where every stage writes.")
-_SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: ~25 min pretraining).")
+_SCALE = flags.DEFINE_float("scale", 1.0, "Amount of data and training (1.0: 6,000 pretraining steps; at most 20).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of every stage.")
 
 
