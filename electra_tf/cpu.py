@@ -26,6 +26,8 @@ FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16
 TF_ONEDNN_DEFAULT_ON = ("avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8",
                         "amx_bf16")
 ONEDNN_VARIABLE = "TF_ENABLE_ONEDNN_OPTS"
+# oneDNN's own variables capping the instruction set its kernels use (the newer name first).
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 
 # What `enable_onednn` did in this process: None (nothing), or why it set the variable.
 onednn_set_because: str | None = None
@@ -68,16 +70,21 @@ def cpu_description() -> str:
 
 def onednn_description(environ=None) -> str:
     """"oneDNN on" / "oneDNN off", with who decided (TensorFlow's default, the user's
-    TF_ENABLE_ONEDNN_OPTS, or electra_tf for an AVX2-only CPU)."""
-    value = (os.environ if environ is None else environ).get(ONEDNN_VARIABLE)
+    TF_ENABLE_ONEDNN_OPTS, or electra_tf for an AVX2-only CPU), and the instruction set its
+    kernels are limited to when ONEDNN_MAX_CPU_ISA says (as when an AVX2-only CPU is emulated:
+    /proc/cpuinfo then still lists AVX-512)."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(ONEDNN_VARIABLE)
+    limit = next((f", its kernels limited to {environ[name]} by {name}" for name in ISA_LIMITS
+                  if environ.get(name)), "")
     if onednn_set_because:
-        return f"oneDNN on ({ONEDNN_VARIABLE}=1 set by electra_tf: {onednn_set_because})"
+        return f"oneDNN on ({ONEDNN_VARIABLE}=1 set by electra_tf: {onednn_set_because}){limit}"
     if value is not None:
         on = value.strip().lower() in ("1", "true")
-        return f"oneDNN {'on' if on else 'off'} ({ONEDNN_VARIABLE}={value})"
+        return f"oneDNN {'on' if on else 'off'} ({ONEDNN_VARIABLE}={value}){limit if on else ''}"
     _, found = cpu_flags()
     if any(name in found for name in TF_ONEDNN_DEFAULT_ON):
-        return "oneDNN on (TensorFlow's default for this CPU)"
+        return f"oneDNN on (TensorFlow's default for this CPU){limit}"
     hint = (f"; {ONEDNN_VARIABLE}=1, or importing electra_tf before TensorFlow, turns on its "
             "AVX2 kernels" if {"avx2", "fma"} <= found else "")
     return f"oneDNN off (TensorFlow's default for this CPU{hint})"

@@ -440,7 +440,8 @@ def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
             seconds = time.monotonic() - started
             _check_finite(loss, bad_step, saved)
             previous, step = step, int(opt.iterations.numpy())
-            if calls.seconds_per_step is None:
+            first_call = calls.seconds_per_step is None
+            if first_call:
                 logging.info("step %d: the train loop is traced (%.1f s) and runs in calls of about "
                              "%g s; SIGTERM or SIGINT now stops at a call's end with a checkpoint",
                              step, seconds, CALL_SECONDS)
@@ -462,8 +463,8 @@ def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
                 progress.update(step, force=True, loss=metrics["loss"],
                                 **{k: v for k, v in metrics.items()
                                    if k in ("mlm_loss", "disc_loss", "gradient_norm")})
-            if previous == progress.start_step:
-                progress.reset_clock(step)  # the ETA should not count the first trace
+            if first_call:  # the rate and ETA count from the end of the first call (its trace)
+                progress.reset_clock(step)
             every = config.save_checkpoints_steps
             if step // every > previous // every or step >= config.num_train_steps:
                 saved = _save(manager, step)

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
+from electra_tf.progress import ProgressLogger
 from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
 from electra_tf.training.loop import NonFiniteLossError, _build, run_pretraining
 from electra_tf.training.strategy import create_strategy
@@ -161,17 +162,26 @@ JIT_CONFIG = run_config(num_train_steps=5, steps_per_loop=3, jit_compile=True,
 def jit_run(tmp_path_factory, pretrain_shards, pretrain_vocab):
     """One XLA-compiled 5-step run (loops of 3): its claims are the jit test's, and its folder
     is the good start the NaN test continues (an XLA compilation is the costliest build here).
-    Returns (model_dir, result); tests that write copy the folder."""
+    Returns (model_dir, result, the steps at which the progress lines' clock was restarted);
+    tests that write copy the folder."""
     model_dir = str(tmp_path_factory.mktemp("jit") / "run")
-    result = run_pretraining(tiny_config(pretrain_vocab), JIT_CONFIG, pretrain_shards, model_dir,
-                             create_strategy("one_device"))
-    return model_dir, result
+    resets, reset_clock = [], ProgressLogger.reset_clock
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ProgressLogger, "reset_clock",
+                      lambda self, step=None: (resets.append(step), reset_clock(self, step)))
+        result = run_pretraining(tiny_config(pretrain_vocab), JIT_CONFIG, pretrain_shards,
+                                 model_dir, create_strategy("one_device"))
+    return model_dir, result, resets
 
 
 @pytest.mark.slow
 def test_jit_compile_with_several_steps_per_loop(jit_run):
-    model_dir, result = jit_run
+    model_dir, result, resets = jit_run
     assert result.step == 5  # a loop of 3, then the remaining 2
+    # The progress lines' rate and ETA count from the end of the first call (its trace and
+    # compilation), once; restarted after every call (here 1, 2, 3, 5) they were the last call's
+    # alone, and the demo's ETA jumped between 23 and 37 minutes from line to line.
+    assert resets == [1]
     assert np.isfinite(result.metrics["loss"])
     assert summaries(model_dir)["loss"] == [3, 5]
     assert sorted(os.path.basename(p) for p in glob.glob(os.path.join(model_dir, "ckpt-*.index"))) \

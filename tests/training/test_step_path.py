@@ -197,6 +197,12 @@ def test_onednn_is_turned_on_for_avx2_cpus_that_tensorflow_leaves_off(monkeypatc
     assert on({"avx2", "fma"}, imported=True)[:2] == (None, None)
     reason, value, text = on({"avx2", "fma"}, {cpu.ONEDNN_VARIABLE: "0"})
     assert (reason, value) == (None, "0") and text == "oneDNN off (TF_ENABLE_ONEDNN_OPTS=0)"
+    # An emulated AVX2 CPU (oneDNN capped, /proc/cpuinfo unchanged) is named as such.
+    text = on({"avx2", "fma", "avx512f", "avx512_vnni"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"})[2]
+    assert text == ("oneDNN on (TensorFlow's default for this CPU), its kernels limited to AVX2 "
+                    "by ONEDNN_MAX_CPU_ISA")
+    assert on({"avx2", "fma"}, {cpu.ONEDNN_VARIABLE: "0", "DNNL_MAX_CPU_ISA": "AVX2"})[2] == \
+        "oneDNN off (TF_ENABLE_ONEDNN_OPTS=0)"
 
 
 def test_importing_electra_tf_first_turns_onednn_on_in_a_fresh_process():
