@@ -53,7 +53,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from absl import app, flags, logging
 
@@ -382,16 +381,8 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
                 failed[row] = str(e)
                 workers.pop(row, None)
         rows = [row for row in rows if row in workers]
-        samples = {row: [] for row in rows}
-        for r in range(_ROUNDS.value):
-            for row, worker in workers.items():
-                start = time.perf_counter()
-                worker.steps(_STEPS.value)
-                per_call = worker.info["steps_per_call"]
-                done = per_call * -(-_STEPS.value // per_call)
-                samples[row].append((time.perf_counter() - start) / done)
-            logging.info("round %d/%d: %s", r + 1, _ROUNDS.value,
-                         ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in rows))
+        samples = row_worker.interleaved_rounds(workers, _STEPS.value, _ROUNDS.value,
+                                                logging.info)
         result = {"model_config": model_config, "samples": samples, "workdir": workdir,
                   "rows": rows, "failed": failed,
                   "tokens": float(np.mean([np.sum(b["input_mask"].numpy()) for b in batches])),

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Callable
 
 from benchmarks import child_env
@@ -72,6 +73,23 @@ class Worker:
                 pass
             self._process.wait()
         return self.peak_rss_mib
+
+
+def interleaved_rounds(workers: dict, steps: int, rounds: int, log=None) -> dict:
+    """Times `workers` ({row: Worker}, built and warmed up) in `rounds` rounds, each asking every
+    row in turn for `steps` steps (whole calls of its `steps_per_call`), so that the machine's
+    drifts hit all rows alike. Returns {row: [seconds per step, one per round]}."""
+    samples = {row: [] for row in workers}
+    for r in range(rounds):
+        for row, worker in workers.items():
+            start = time.perf_counter()
+            worker.steps(steps)
+            per_call = worker.info["steps_per_call"]
+            samples[row].append((time.perf_counter() - start) / (per_call * -(-steps // per_call)))
+        if log is not None:
+            log("round %d/%d: %s", r + 1, rounds,
+                ", ".join(f"{row} {samples[row][-1]:.3f} s/step" for row in samples))
+    return samples
 
 
 def serve(step: Callable[[], float], steps_per_call: int, info: dict,

@@ -30,6 +30,10 @@ from electra_tf.data.text_files import BadInputError, UnitIndex
 
 
 _WORKER: dict = {}
+# Held while a finished shard is committed (its stats written, then the shard renamed): a worker
+# orphaned by the builder's death exits before a commit starts or after it ends, never in its
+# middle, where it would leave the stats' temporary behind (`_exit_when_orphaned`).
+_COMMIT = threading.Lock()
 
 
 def _init_worker(config: BuildConfig, index: UnitIndex, num_shards: int, progress_queue):
@@ -66,11 +70,12 @@ def _stop_worker(signum=signal.SIGTERM, frame=None):
     os._exit(128 + signum)
 
 
-def _exit_when_orphaned(builder_pid: int):
+def _exit_when_orphaned(builder_pid: int, stop=None):
     # Polling works on every platform (prctl(PR_SET_PDEATHSIG) is Linux-only) and costs nothing.
     while os.getppid() == builder_pid:
         time.sleep(ORPHAN_POLL_SECONDS)
-    _stop_worker()
+    with _COMMIT:  # not in the middle of a commit (a SIGTERM's builder cleans up after one)
+        (stop or _stop_worker)()
 
 
 def _read_unit_lines(index: UnitIndex, u: int, cache: dict, config: BuildConfig):
@@ -224,12 +229,14 @@ def build_shard(shard: int) -> dict:
             _report(queue, pending_bytes, packer.pack(events, texts))
         packer.report_empty_documents()
         stats["seconds"] = round(time.time() - start_time, 3)
-        # Checked again here, not only at the start: a link planted since is refused, not followed.
-        stats_dir = files.own_folder(os.path.join(config.output_dir, STATS_DIR))
-        _write_json_atomic(os.path.join(stats_dir, f"{shard:05d}.json"), stats)
-        os.fsync(fd)
-        _rename_own_temporary(fd, tmp, final)  # the final name appears only for a complete shard
-        renamed = True
+        with _COMMIT:
+            # Checked again here, not only at the start: a link planted since is refused.
+            stats_dir = files.own_folder(os.path.join(config.output_dir, STATS_DIR))
+            _write_json_atomic(os.path.join(stats_dir, f"{shard:05d}.json"), stats)
+            os.fsync(fd)
+            _rename_own_temporary(fd, tmp, final)  # a final name only for a complete shard
+            renamed = True
+            _WORKER["tmp"] = None
     finally:
         os.close(fd)
         if not renamed:
