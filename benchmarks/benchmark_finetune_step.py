@@ -33,7 +33,8 @@ import tempfile
 
 from absl import app, flags, logging
 
-from benchmarks.emulation import AVX2_ENV, row_environment
+from benchmarks import row_worker
+from benchmarks.emulation import header_lines, row_environment
 from electra_tf import cli
 from electra_tf.cpu import cpu_description
 
@@ -111,8 +112,6 @@ def binary_step(model_config, batches, jit: bool | None):
 
 def serve_row(row: str, workdir: str) -> None:
     """The child side of one of our rows (`--serve_row`)."""
-    from benchmarks import row_worker
-
     model_config, batches, _ = row_worker.load_inputs(workdir)
     step, choice = binary_step(model_config, batches,
                                {"binary": None, "binary_xla": True}.get(row, False))
@@ -122,8 +121,6 @@ def serve_row(row: str, workdir: str) -> None:
 
 def measure(rows, model_config, batch: int, seq: int) -> dict:
     """Every row in its own process, warmed up, then timed in interleaved rounds."""
-    from benchmarks import row_worker
-
     workdir = tempfile.mkdtemp(prefix="electra_ft_bench_")
     batches = make_batches(model_config, batch, seq, _BATCHES.value)
     row_worker.save_inputs(workdir, model_config, batches, {"batch_size": batch,
@@ -158,20 +155,14 @@ def print_report(config_name: str, batch: int, seq: int, measured: dict, skipped
     print()
     print(f"ELECTRA fine-tuning step: config {config_name}, sentence classifier ({NUM_LABELS} "
           f"labels), batch {batch} x length {seq}, dropout on, fp32")
-    print(f"CPU: {cpu_description()}")
-    if _EMULATE_AVX2.value:
-        print("EMULATED AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()))
+    print("\n".join(header_lines(samples, _EMULATE_AVX2.value)))
     if "torch" in infos:
         t = infos["torch"]
         print(f"torch {t['torch']}, transformers {t['transformers']}, {t['threads']} threads, "
               f"attention {t['attn_implementation']}")
     print(f"Timing: each row in its own process; median of {_ROUNDS.value} interleaved rounds of "
           f"{_STEPS.value} steps (after {_WARMUP.value} warm-up steps)")
-    for row, reason in skipped.items():
-        print(f"  row {row} skipped: {reason}")
-    for row, info in infos.items():
-        if "step_path" in info:
-            print(f"  row {row} runs the {info['step_path']} step ({info['step_path_reason']})")
+    print("\n".join(row_worker.row_notes(skipped, infos)))
     header = (f"{'row':<20}{'s/step':>8}{'range':>15}{'steps/s':>9}{'examples/s':>12}"
               f"{'x torch':>9}{'peak MiB':>10}")
     print(header)
@@ -191,11 +182,7 @@ def main(argv):
     if _SERVE_ROW.value:
         serve_row(_SERVE_ROW.value, _WORKDIR.value)
         return
-    rows = ROWS if "all" in _ROWS.value else tuple(_ROWS.value)
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown:
-        raise app.UsageError(f"--rows: unknown row(s) {', '.join(unknown)}; choose from "
-                             f"{', '.join(ROWS)} or all")
+    rows = row_worker.parse_rows(_ROWS.value, ROWS)
     skipped = {}
     if "torch" in rows:
         from benchmarks.torch_reference import available

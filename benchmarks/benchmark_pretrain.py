@@ -57,7 +57,8 @@ import tempfile
 from absl import app, flags, logging
 
 from benchmarks import child_env
-from benchmarks.emulation import AVX2_ENV, row_environment
+from benchmarks import row_worker
+from benchmarks.emulation import header_lines, row_environment
 from electra_tf import cli
 from electra_tf.models.flops import training_flops_per_sequence
 from electra_tf.cpu import cpu_description
@@ -250,12 +251,7 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     print()
     print(f"ELECTRA pretraining step: config {config_name}, batch {batch} x length {seq}, "
           f"dropout on, objective {model_config.objective}")
-    print(f"CPU: {cpu_description()}")
-    if _EMULATE_AVX2.value:
-        print("EMULATED AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()))
-    print("oneDNN per row: " + ", ".join(
-        f"{row} {row_environment(row, _EMULATE_AVX2.value).get('TF_ENABLE_ONEDNN_OPTS', '-')}"
-        for row in rows if row != "torch"))
+    print("\n".join(header_lines(rows, _EMULATE_AVX2.value)))
     print(f"TensorFlow {tf.__version__}"
           + (f"; torch {torch_info['torch']}, transformers {torch_info['transformers']}, "
              f"{torch_info['threads']} threads, attention {torch_info['attn_implementation']}"
@@ -267,10 +263,7 @@ def print_report(config_name, batch, seq, rows, measured, losses, skipped):
     print(f"Timing: each row in its own process; median of {len(next(iter(samples.values())))} "
           f"interleaved rounds of {_STEPS.value} steps per row (after {_WARMUP.value} warm-up "
           "steps)")
-    for row, reason in skipped.items():
-        print(f"  row {row} skipped: {reason}")
-    for row, path in measured.get("step_paths", {}).items():
-        print(f"  row {row} runs the {path['step_path']} step ({path['step_path_reason']})")
+    print("\n".join(row_worker.row_notes(skipped, measured.get("step_paths", {}))))
     header = (f"{'path':<24}{'s/step':>8}{'range':>15}{'steps/s':>9}{'tokens/s':>10}"
               f"{'GFLOP/s':>9}{'% bound':>9}{'x torch':>9}{'peak MiB':>10}")
     print(header)
@@ -325,8 +318,6 @@ def serve_row(row: str, workdir: str) -> None:
     """The child side of one row (`--serve_row`): builds and serves it (`benchmarks.row_worker`)."""
     import tensorflow as tf
 
-    from benchmarks import row_worker
-
     model_config, batches, setup = row_worker.load_inputs(workdir)
     batches = [{k: tf.constant(v) for k, v in b.items()} for b in batches]
     if row in ("eager", "function", "xla"):
@@ -347,8 +338,6 @@ def measure(config_name: str, rows, batch: int, seq: int, bound: bool) -> dict:
     import numpy as np
 
     from electra_tf.config import ElectraConfig
-    from benchmarks import row_worker
-
     base_config = ElectraConfig.from_json(config_name)
     workdir = tempfile.mkdtemp(prefix="electra_bench_")
     data, special_ids = build_shards(base_config.vocab_size, seq, _DOCS.value, workdir)
@@ -428,11 +417,7 @@ def main(argv):
     if _SCALING.value:
         run_scaling(_SCALING.value)
         return
-    rows = ROWS if "all" in _ROWS.value else tuple(_ROWS.value)
-    unknown = [row for row in rows if row not in ROWS]
-    if unknown:
-        raise app.UsageError(f"--rows: unknown row(s) {', '.join(unknown)}; choose from "
-                             f"{', '.join(ROWS)} or all")
+    rows = row_worker.parse_rows(_ROWS.value, ROWS)
     skipped = {}
     if "model_garden" in rows and not _MODEL_GARDEN.value:
         skipped["model_garden"] = "needs --model_garden_python (benchmarks/model_garden_reference.py)"

@@ -27,3 +27,17 @@ def row_environment(row: str, emulate_avx2: bool) -> dict:
     ours = tf_default or (emulate_avx2 or {"avx2", "fma"} <= found)
     env[cpu.ONEDNN_VARIABLE] = "1" if (tf_default if row == "model_garden" else ours) else "0"
     return env
+
+
+def header_lines(rows, emulate_avx2: bool) -> list[str]:
+    """A benchmark report's lines on the CPU: its model, extensions and oneDNN state, the
+    emulation's variables when AVX2 is emulated, and each TensorFlow row's oneDNN switch."""
+    from electra_tf.cpu import ONEDNN_VARIABLE, cpu_description
+
+    lines = [f"CPU: {cpu_description()}"]
+    if emulate_avx2:
+        lines.append("EMULATED AVX2-only CPU: " + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items()))
+    lines.append("oneDNN per row: " + ", ".join(
+        f"{row} {row_environment(row, emulate_avx2).get(ONEDNN_VARIABLE, '-')}"
+        for row in rows if row != "torch"))
+    return lines

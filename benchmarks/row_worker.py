@@ -92,6 +92,27 @@ def interleaved_rounds(workers: dict, steps: int, rounds: int, log=None) -> dict
     return samples
 
 
+def parse_rows(requested, known: tuple) -> tuple:
+    """The rows a --rows flag asks for ("all": every one of `known`); an unknown name is a usage
+    error naming it and the choices."""
+    from absl import app
+
+    rows = known if "all" in requested else tuple(requested)
+    unknown = [row for row in rows if row not in known]
+    if unknown:
+        raise app.UsageError(f"--rows: unknown row(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(known)} or all")
+    return rows
+
+
+def row_notes(skipped: dict, infos: dict) -> list[str]:
+    """A report's lines on the rows: each skipped one with its reason, and the step path each
+    of ours runs (the `step_path` / `step_path_reason` its child put in its info)."""
+    return ([f"  row {row} skipped: {reason}" for row, reason in skipped.items()]
+            + [f"  row {row} runs the {info['step_path']} step ({info['step_path_reason']})"
+               for row, info in infos.items() if "step_path" in info])
+
+
 def serve(step: Callable[[], float], steps_per_call: int, info: dict,
           matmul_seconds: Callable | None = None, lines=None, out=None) -> None:
     """The child's loop: answers `Worker`'s commands until stdin closes.
