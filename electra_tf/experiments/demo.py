@@ -69,8 +69,8 @@ class DemoConfig:
     # 6,000 steps (137 TFLOP). Cross-validated on all 7,684 training sentences (5 folds, fold by
     # fold), the tie-all recipe gains 2.11 +- 0.42 points at the end of a 6,000-step schedule and
     # 2.14 +- 0.35 at the end of a 12,000-step one, which adds +0.03 +- 0.27 over it: the demo's
-    # comparison does not need the longer run, which took 50-57 minutes of pretraining on the
-    # slower days' 2-core CPUs (AVX2-only emulated, and AVX-512). Longer runs gain about a quarter
+    # comparison does not need the longer run, which took about 47 minutes of pretraining (57 in
+    # all) on the slower days' 2-core AVX-512 CPUs, ~48 emulating AVX2. Longer runs gain about a quarter
     # of a point per doubling of compute (--scale=4: 2.57 +- 0.42, --scale=8: 2.80 +- 0.17),
     # +3 extrapolated at about --scale=16 (docs/demo_recipe.md, "Cross-validated").
     pretrain_steps_at_scale_1: int = 6000
