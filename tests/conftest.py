@@ -60,13 +60,25 @@ if _CPU_REPORT:
     import pytest
 
     _launches = [0]
+    _waited = []  # (command, CPU seconds) of each child waited for, with its own children's
     _popen_init = subprocess.Popen.__init__
 
     def _counting_init(self, *args, **kwargs):
         _launches[0] += 1
         _popen_init(self, *args, **kwargs)
 
+    def _try_wait(self, wait_flags):  # subprocess.Popen's, with the child's rusage kept
+        try:
+            pid, status, usage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:
+            return self.pid, 0
+        if pid:
+            command = self.args if isinstance(self.args, (list, tuple)) else [self.args]
+            _waited.append((" ".join(map(str, command))[:160], usage.ru_utime + usage.ru_stime))
+        return pid, status
+
     subprocess.Popen.__init__ = _counting_init
+    subprocess.Popen._try_wait = _try_wait
 
     def _cpu(who):
         usage = resource.getrusage(who)
@@ -74,6 +86,7 @@ if _CPU_REPORT:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
+        del _waited[:]
         start = (time.monotonic(), _cpu(resource.RUSAGE_SELF),
                  _cpu(resource.RUSAGE_CHILDREN), _launches[0])
         yield
@@ -84,4 +97,4 @@ if _CPU_REPORT:
                 "wall": time.monotonic() - start[0],
                 "self": _cpu(resource.RUSAGE_SELF) - start[1],
                 "children": _cpu(resource.RUSAGE_CHILDREN) - start[2],
-                "launches": _launches[0] - start[3]}) + "\n")
+                "launches": _launches[0] - start[3], "waited": list(_waited)}) + "\n")
