@@ -46,6 +46,18 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=key)  # stable: the rest, and the tests inside a file, keep their order
 
 
+# The commands tests start run in forks of a process that imported TensorFlow once
+# (tests/preloaded.py; ELECTRA_TEST_PRELOAD=0 turns it off). A test marked `real_process` starts
+# its commands as fresh interpreters.
+from tests import preloaded  # noqa: E402
+
+preloaded.install()
+
+
+def pytest_runtest_setup(item):
+    preloaded.allow(item.get_closest_marker("real_process") is None)
+
+
 # What each test costs, for choosing what to cut: with ELECTRA_TEST_CPU_REPORT=PREFIX each worker
 # writes PREFIX.<worker>.jsonl, one line per test: its file, wall seconds, CPU seconds of the
 # worker and of the child processes it waited for, and how many processes it started.
@@ -61,24 +73,30 @@ if _CPU_REPORT:
 
     _launches = [0]
     _waited = []  # (command, CPU seconds) of each child waited for, with its own children's
+    _forked = [0.0]  # CPU seconds of the preloaded forks that ran the test's commands
     _popen_init = subprocess.Popen.__init__
 
     def _counting_init(self, *args, **kwargs):
         _launches[0] += 1
         _popen_init(self, *args, **kwargs)
 
-    def _try_wait(self, wait_flags):  # subprocess.Popen's, with the child's rusage kept
-        try:
-            pid, status, usage = os.wait4(self.pid, wait_flags)
-        except ChildProcessError:
-            return self.pid, 0
-        if pid:
-            command = self.args if isinstance(self.args, (list, tuple)) else [self.args]
-            _waited.append((" ".join(map(str, command))[:160], usage.ru_utime + usage.ru_stime))
-        return pid, status
+    # A child's CPU: what RUSAGE_CHILDREN gained since the last exit seen (the reaps in between,
+    # usually this one). Not by replacing `Popen._try_wait`: a wait must stay the standard
+    # library's own frames, or a signal during it is not raised at once (training/preemption.py).
+    _handle_exitstatus = subprocess.Popen._handle_exitstatus
+    _reaped = [0.0]
+
+    def _counting_exitstatus(self, *args, **kwargs):
+        _handle_exitstatus(self, *args, **kwargs)
+        now = _cpu(resource.RUSAGE_CHILDREN)
+        forked = preloaded.command_cpu(self) or 0.0  # a preloaded fork's, not this child's
+        _forked[0] += forked
+        command = self.args if isinstance(self.args, (list, tuple)) else [self.args]
+        _waited.append((" ".join(map(str, command))[:160], now - _reaped[0] + forked))
+        _reaped[0] = now
 
     subprocess.Popen.__init__ = _counting_init
-    subprocess.Popen._try_wait = _try_wait
+    subprocess.Popen._handle_exitstatus = _counting_exitstatus
 
     def _cpu(who):
         usage = resource.getrusage(who)
@@ -87,6 +105,8 @@ if _CPU_REPORT:
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         del _waited[:]
+        _forked[0] = 0.0
+        _reaped[0] = _cpu(resource.RUSAGE_CHILDREN)
         start = (time.monotonic(), _cpu(resource.RUSAGE_SELF),
                  _cpu(resource.RUSAGE_CHILDREN), _launches[0])
         yield
@@ -96,5 +116,5 @@ if _CPU_REPORT:
                 "test": item.nodeid, "file": item.nodeid.split("::")[0],
                 "wall": time.monotonic() - start[0],
                 "self": _cpu(resource.RUSAGE_SELF) - start[1],
-                "children": _cpu(resource.RUSAGE_CHILDREN) - start[2],
+                "children": _cpu(resource.RUSAGE_CHILDREN) - start[2] + _forked[0],
                 "launches": _launches[0] - start[3], "waited": list(_waited)}) + "\n")

@@ -123,6 +123,7 @@ HOLD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.real_process  # the holder's pid, and kill -9: the command must die with the process held
 def test_a_second_writer_is_refused_naming_the_holder_and_a_killed_holder_frees_the_folder(tmp_path):
     folder = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)

@@ -111,6 +111,7 @@ def test_overwrite_swaps_in_the_whole_model_and_follows_no_link(models, tmp_path
         np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
 
 
+@pytest.mark.real_process  # kill -9 at a chosen moment: the command must die with the process held
 def test_a_kill_during_an_overwrite_leaves_the_old_folder_and_the_next_run_clears_its_staging(models, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(models / "electra_tf", out)

@@ -24,6 +24,10 @@ import pytest
 from electra_tf.data.manifest import shard_name
 from electra_tf.data.packing import parse_example
 
+# Fresh interpreters, not preloaded forks (tests/preloaded.py): the binary stops itself
+# (SIGSTOP) and is read in /proc.
+pytestmark = pytest.mark.real_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_SHARDS = 4
 ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")

@@ -31,6 +31,10 @@ from electra_tf import files
 from electra_tf.finetune.saving import load_finetuned
 from tests.command_lines import snapshot, tree
 
+# Fresh interpreters, not preloaded forks (tests/preloaded.py): kill -9 at chosen moments,
+# SIGSTOP, the holder's pid in messages.
+pytestmark = pytest.mark.real_process
+
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--task=rotten_tomatoes", "--config=electra_tiny", "--max_train_examples=32",
        "--max_eval_examples=16", "--num_train_epochs=2", "--train_batch_size=16",

@@ -1034,6 +1034,7 @@ def test_electra_export_over_the_file_size_limit_is_one_line_and_leaves_nothing(
 
 
 @pytest.mark.slow  # two exports of the binary, one killed, ~20 s
+@pytest.mark.real_process  # kill -9 at a chosen moment: the command must die with the process held
 def test_kill_9_during_an_export_shows_no_version_and_the_next_export_clears_its_staging(finetuned, tmp_path):
     """Killed when its staging folder holds the whole SavedModel (just before the rename): the
     existing version is untouched, no new version is visible, and the next export removes the

@@ -99,6 +99,7 @@ def finetuned(tmp_path_factory):
 
 
 @pytest.mark.slow  # two exports of the binary, the first killed early (~35 s)
+@pytest.mark.real_process  # kill -9 at a chosen moment: the command must die with the process held
 def test_a_killed_exports_staging_is_removed_by_the_next_export_of_any_name(finetuned, tmp_path):
     """Killed (kill -9) as soon as its staging folder appears in the base; the next export, of
     another name and version, removes it, keeps what is not an abandoned staging folder (a live

@@ -14,6 +14,9 @@ import time
 
 import pytest
 
+# Fresh interpreters, not preloaded forks (tests/preloaded.py): its commands stop themselves
+# (SIGSTOP), are read in /proc and named by pid.
+pytestmark = pytest.mark.real_process
 
 
 def plant(folder, names, tmp_path) -> dict:
