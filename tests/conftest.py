@@ -92,7 +92,8 @@ if _CPU_REPORT:
         forked = preloaded.command_cpu(self) or 0.0  # a preloaded fork's, not this child's
         _forked[0] += forked
         command = self.args if isinstance(self.args, (list, tuple)) else [self.args]
-        _waited.append((" ".join(map(str, command))[:160], now - _reaped[0] + forked))
+        if not getattr(self, "preloaded_server", False):
+            _waited.append((" ".join(map(str, command))[:160], now - _reaped[0] + forked))
         _reaped[0] = now
 
     subprocess.Popen.__init__ = _counting_init
@@ -109,12 +110,19 @@ if _CPU_REPORT:
         _reaped[0] = _cpu(resource.RUSAGE_CHILDREN)
         start = (time.monotonic(), _cpu(resource.RUSAGE_SELF),
                  _cpu(resource.RUSAGE_CHILDREN), _launches[0])
+        servers = preloaded.accounting()
         yield
+        now = preloaded.accounting()
+        # Preloaded servers: their start-up CPU counts where they started; reaping one adds its
+        # commands' CPU again (each was counted when its test waited for it): taken off.
+        forked = _forked[0] + now["started_cpu"] - servers["started_cpu"] - (
+            now["reaped_cpu"] - servers["reaped_cpu"])
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         with open(f"{_CPU_REPORT}.{worker}.jsonl", "a") as out:
             out.write(json.dumps({
                 "test": item.nodeid, "file": item.nodeid.split("::")[0],
                 "wall": time.monotonic() - start[0],
                 "self": _cpu(resource.RUSAGE_SELF) - start[1],
-                "children": _cpu(resource.RUSAGE_CHILDREN) - start[2] + _forked[0],
-                "launches": _launches[0] - start[3], "waited": list(_waited)}) + "\n")
+                "children": _cpu(resource.RUSAGE_CHILDREN) - start[2] + forked,
+                "launches": _launches[0] - start[3], "waited": list(_waited),
+                "servers": now["servers"] - servers["servers"]}) + "\n")

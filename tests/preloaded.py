@@ -47,7 +47,8 @@ _MAX_SERVERS = 3  # per pytest worker: a fourth set of variables replaces the le
 _NOT_PRELOADED = ("torch", "transformers")
 
 _servers: dict = {}
-_state = {"test_allows": True, "folder": None, "commands": 0, "servers": 0}
+_state = {"test_allows": True, "folder": None, "commands": 0, "servers": 0, "started_cpu": 0.0,
+          "reaped_cpu": 0.0}
 _popen_init = subprocess.Popen.__init__
 _POPEN_SIGNATURE = inspect.signature(_popen_init)
 
@@ -136,9 +137,7 @@ def _server(env: dict) -> str:
             _servers[key] = (process, path)  # now the most recently used
             return path
     while len(_servers) >= _MAX_SERVERS:  # its running commands are not its: they go on
-        process, _ = _servers.pop(next(iter(_servers)))
-        process.kill()
-        process.wait()
+        _end(_servers.pop(next(iter(_servers)))[0])
     _state["servers"] += 1
     path = os.path.join(_folder(), f"s{_state['servers']}.sock")
     server_env = {k: v for k, v in os.environ.items()
@@ -148,10 +147,12 @@ def _server(env: dict) -> str:
     process = subprocess.Popen.__new__(subprocess.Popen)
     _popen_init(process, [sys.executable, str(SERVER), path, str(REPO)], cwd=REPO, env=server_env,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
-    line = process.stdout.readline()
-    if line.strip() != "ready":
+    line = process.stdout.readline().split()
+    if not line or line[0] != "ready":
         process.kill()
         raise RuntimeError(f"the preloaded server did not start: see {log.name}")
+    _state["started_cpu"] += float(line[1])
+    process.preloaded_server = True
     _servers[key] = (process, path)
     return path
 
@@ -199,10 +200,27 @@ def allow(yes: bool) -> None:
     _state["test_allows"] = yes
 
 
+def _end(process: subprocess.Popen) -> None:
+    """Stops a server. Reaping it adds the CPU of every command it ran to this process's
+    RUSAGE_CHILDREN, already counted command by command: kept apart for the CPU report."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    process.kill()
+    process.wait()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    _state["reaped_cpu"] += (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def accounting() -> dict:
+    """For the CPU report: servers started, their start-up CPU seconds, and the CPU seconds
+    that reaping stopped servers added to RUSAGE_CHILDREN (their commands', counted already)."""
+    return {k: _state[k] for k in ("servers", "started_cpu", "reaped_cpu")}
+
+
 def _stop() -> None:
     for process, _ in _servers.values():
-        process.kill()
-        process.wait()
+        _end(process)
     if _state["folder"]:
         import shutil
 

@@ -112,7 +112,8 @@ def _serve() -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(SOCKET_PATH)
     listener.listen(64)
-    print("ready", flush=True)
+    usage = __import__("resource").getrusage(__import__("resource").RUSAGE_SELF)
+    print(f"ready {usage.ru_utime + usage.ru_stime:.3f}", flush=True)  # its CPU, for the report
     while True:
         connection, _ = listener.accept()
         try:

@@ -18,10 +18,6 @@ from electra_tf.data.shards import BuildConfig
 from electra_tf.data.manifest import manifest_for_shards, shard_name
 from electra_tf.data.text_files import BadInputError
 
-# Fresh interpreters, not preloaded forks (tests/preloaded.py): kill -9 of the builder and a
-# look at its worker processes.
-pytestmark = pytest.mark.real_process
-
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLS, SEP = 101, 102
 

@@ -31,10 +31,6 @@ from electra_tf import files
 from electra_tf.finetune.saving import load_finetuned
 from tests.command_lines import snapshot, tree
 
-# Fresh interpreters, not preloaded forks (tests/preloaded.py): kill -9 at chosen moments,
-# SIGSTOP, the holder's pid in messages.
-pytestmark = pytest.mark.real_process
-
 REPO = Path(__file__).resolve().parents[2]
 RUN = ["--task=rotten_tomatoes", "--config=electra_tiny", "--max_train_examples=32",
        "--max_eval_examples=16", "--num_train_epochs=2", "--train_batch_size=16",
@@ -178,6 +174,7 @@ def kill_when(process, holds, model_dir: Path, inode: int) -> bool:
 
 
 @pytest.mark.slow  # three interrupted runs, one refused and one complete, ~35 s
+@pytest.mark.real_process  # kill -9 at chosen moments, SIGSTOP, the holder's pid in a message
 def test_kill_9_at_every_moment_of_an_overwriting_rerun_leaves_a_complete_model_described_by_results(
         finished, vocab_file):
     """After each kill the previous model or the new one is `best/`, and the whole top level
