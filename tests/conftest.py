@@ -91,7 +91,8 @@ if _CPU_REPORT:
         now = _cpu(resource.RUSAGE_CHILDREN)
         forked = preloaded.command_cpu(self) or 0.0  # a preloaded fork's, not this child's
         _forked[0] += forked
-        command = self.args if isinstance(self.args, (list, tuple)) else [self.args]
+        command = getattr(self, "preloaded_command", self.args)
+        command = command if isinstance(command, (list, tuple)) else [command]
         if not getattr(self, "preloaded_server", False):
             _waited.append((" ".join(map(str, command))[:160], now - _reaped[0] + forked))
         _reaped[0] = now

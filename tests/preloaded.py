@@ -178,6 +178,8 @@ def _routed_init(self, *args, **kwargs):
                      *rest]
     _popen_init(self, **bound)
     self.preloaded_cpu_file = cpu_file
+    self.preloaded_command = [sys.executable, *([target] if kind == "script" else [kind, target]),
+                              *rest]  # what the test asked for, for the CPU report
 
 
 def command_cpu(process: subprocess.Popen) -> float | None:
