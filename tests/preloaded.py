@@ -10,16 +10,16 @@ already imported TensorFlow, Keras and TF Text and run the command there: same a
 directory, environment, stdio, process group, exit status and signals (see the two files). What
 the test holds is still a real process, whose death takes the command with it.
 
-Not routed, so started as before: anything but `sys.executable` followed by `-m MODULE`, `-c
-CODE` or a script path (Python options such as `-X importtime` included); commands importing
-PyTorch (two big runtimes in one process differ from either alone) or looking at `sys.modules`
-(what a command imports shows only in a fresh interpreter); `preexec_fn`, a new session or
-process group, `pass_fds`, other users; a working directory holding another `electra_tf`; tests
-marked `real_process` (a command killed with SIGKILL at a chosen moment must be dead when the
-test looks, a pid must be the command's); and everything when ELECTRA_TEST_PRELOAD=0. What a
-fork does not reproduce: Python's hash seed (one per server, not one per command), the output of
-TensorFlow's own import (printed once, by the server), and the module teardown at exit (the
-command ends after atexit handlers and flushing its output, as `os._exit`).
+Not routed, so started as before: anything but `sys.executable` followed by `-m MODULE`, `-c CODE`
+or a script path (Python options such as `-X importtime` included); commands importing PyTorch (two
+big runtimes in one process differ from either alone) or looking at `sys.modules` (what a command
+imports shows only in a fresh interpreter); `preexec_fn`, a new session or process group,
+`pass_fds`, other users; a thread other than the main one; a working directory holding another
+`electra_tf`; tests marked `real_process` (a command killed with SIGKILL at a chosen moment must be
+dead when the test looks, a pid must be the command's); and everything when ELECTRA_TEST_PRELOAD=0.
+What a fork does not reproduce: Python's hash seed (one per server, not one per command), the
+output of TensorFlow's own import (printed once, by the server), and the module teardown at exit
+(the command ends after atexit handlers and flushing its output, as `os._exit`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +109,8 @@ def _console_script(path: str) -> bool:
 def _routable(bound: dict) -> bool:
     if not (_state["test_allows"] and os.environ.get("ELECTRA_TEST_PRELOAD", "1") != "0"):
         return False
+    if threading.current_thread() is not threading.main_thread():
+        return False  # a server dies with the thread that started it (PR_SET_PDEATHSIG)
     if bound.get("shell") or bound.get("executable") or bound.get("preexec_fn"):
         return False
     if bound.get("start_new_session") or bound.get("process_group") is not None:

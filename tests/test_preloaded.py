@@ -148,3 +148,14 @@ def test_the_cpu_report_gets_the_commands_cpu_seconds(monkeypatch):
     process = subprocess.Popen([sys.executable, "-c", "sum(range(10**7))"], env=ENV)
     assert _routed(process) and process.wait(timeout=120) == 0
     assert 0.05 < preloaded.command_cpu(process) < 30
+
+
+def test_a_command_started_from_another_thread_starts_as_before():
+    import threading
+
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(subprocess.run(
+        [sys.executable, "-c", "print(1)"], env=ENV, capture_output=True, text=True, timeout=120)))
+    worker.start()
+    worker.join()
+    assert seen[0].args[1] == "-c" and seen[0].stdout == "1\n"
