@@ -21,6 +21,7 @@ Run by `tests/preloaded.py`: `python tests/preloaded_server.py SOCKET REPO`.
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -112,7 +113,7 @@ def _serve() -> dict:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(SOCKET_PATH)
     listener.listen(64)
-    usage = __import__("resource").getrusage(__import__("resource").RUSAGE_SELF)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     print(f"ready {usage.ru_utime + usage.ru_stime:.3f}", flush=True)  # its CPU, for the report
     while True:
         connection, _ = listener.accept()
@@ -218,10 +219,10 @@ def _exit_code(error: SystemExit) -> int:
     return 1
 
 
-def _finish(code: int) -> None:
+def _finish(code: int, killed_by: int | None = None) -> None:
     """Ends the command as the interpreter would (non-daemon threads joined, atexit handlers,
-    output flushed), without the second or so a process that imported TensorFlow spends tearing
-    its modules and libraries down."""
+    output flushed; killed by `killed_by` after an uncaught KeyboardInterrupt), without the second
+    or so a process that imported TensorFlow spends tearing its modules and libraries down."""
     import atexit
     import threading
 
@@ -232,26 +233,24 @@ def _finish(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             code = code or 120  # as Python exits when it cannot flush stdout
+    if killed_by is not None:
+        signal.signal(killed_by, signal.SIG_DFL)
+        os.kill(os.getpid(), killed_by)
     os._exit(code)
 
 
 if __name__ == "__main__":
     _request = _serve()
+    _killed_by = None
     try:
         _run(_request)
         _code = 0
     except SystemExit as _error:
         _code = _exit_code(_error)
-    except KeyboardInterrupt:  # as Python does: killed by SIGINT, after atexit and flushing
-        import atexit
-
-        atexit._run_exitfuncs()  # pylint: disable=protected-access
+    except KeyboardInterrupt:  # as Python does: traceback, exit handlers, then killed by SIGINT
         sys.excepthook(*sys.exc_info())
-        sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        _code = 130
+        _code, _killed_by = 130, signal.SIGINT
     except BaseException:  # pylint: disable=broad-except
         sys.excepthook(*sys.exc_info())
         _code = 1
-    _finish(_code)
+    _finish(_code, _killed_by)
