@@ -131,8 +131,9 @@ def _folder() -> str:
     return _state["folder"]
 
 
-def _server(env: dict) -> str:
-    """The socket of the server for `env`'s import-time variables, started when first needed."""
+def _server(env: dict) -> str | None:
+    """The socket of the server for `env`'s import-time variables, started when first needed;
+    None when it would not start (the command then starts as before; see the server's log)."""
     key = _import_key(env)
     if key in _servers:
         process, path = _servers.pop(key)
@@ -146,14 +147,16 @@ def _server(env: dict) -> str:
     server_env = {k: v for k, v in os.environ.items()
                   if not k.startswith(_IMPORT_TIME_PREFIXES) or k in _RUNTIME_ONLY}
     server_env.update(key)
-    log = open(os.path.join(_state["folder"], f"s{_state['servers']}.log"), "w")
     process = subprocess.Popen.__new__(subprocess.Popen)
-    _popen_init(process, [sys.executable, str(SERVER), path, str(REPO)], cwd=REPO, env=server_env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True)
+    with open(os.path.join(_folder(), f"s{_state['servers']}.log"), "w") as log:
+        _popen_init(process, [sys.executable, str(SERVER), path, str(REPO)], cwd=REPO,
+                    env=server_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                    text=True)
     line = process.stdout.readline().split()
     if not line or line[0] != "ready":
         process.kill()
-        raise RuntimeError(f"the preloaded server did not start: see {log.name}")
+        process.wait()
+        return None
     _state["started_cpu"] += float(line[1])
     process.preloaded_server = True
     _servers[key] = (process, path)
@@ -169,16 +172,17 @@ def _routed_init(self, *args, **kwargs):
     if command is None or not _routable(bound):
         return _popen_init(self, *args, **kwargs)
     env = bound.get("env")
-    env = dict(os.environ if env is None else env)
+    server = _server(dict(os.environ if env is None else env))
+    if server is None:
+        return _popen_init(self, *args, **kwargs)
     kind, target, rest = command
     bound = dict(bound)
     del bound["self"]
     cpu_file = ""
     if os.environ.get("ELECTRA_TEST_CPU_REPORT"):
         _state["commands"] += 1
-        cpu_file = os.path.join(_state["folder"] or _folder(), f"cpu-{_state['commands']}")
-    bound["args"] = [sys.executable, "-S", str(CLIENT), _server(env), cpu_file, kind, target,
-                     *rest]
+        cpu_file = os.path.join(_folder(), f"cpu-{_state['commands']}")
+    bound["args"] = [sys.executable, "-S", str(CLIENT), server, cpu_file, kind, target, *rest]
     _popen_init(self, **bound)
     self.preloaded_cpu_file = cpu_file
     self.preloaded_command = [sys.executable, *([target] if kind == "script" else [kind, target]),

@@ -159,3 +159,13 @@ def test_a_command_started_from_another_thread_starts_as_before():
     worker.start()
     worker.join()
     assert seen[0].args[1] == "-c" and seen[0].stdout == "1\n"
+
+
+def test_a_server_that_does_not_start_leaves_the_command_to_start_as_before(monkeypatch, tmp_path):
+    broken = tmp_path / "server.py"
+    broken.write_text("raise SystemExit(3)\n")
+    monkeypatch.setattr(preloaded, "SERVER", broken)
+    monkeypatch.setattr(preloaded, "_servers", {})
+    process = subprocess.run([sys.executable, "-c", "print(2)"], env=ENV, capture_output=True,
+                             text=True, timeout=120)
+    assert process.args[1] == "-c" and process.returncode == 0 and process.stdout == "2\n"
