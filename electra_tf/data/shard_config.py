@@ -18,6 +18,11 @@ DEFAULT_MAX_LINE_BYTES = 1 << 20
 TOKENIZE_BATCH_LINES = 4096
 # Auto shard count: one shard per MiB of input text, at least 8, at most the original's 1000.
 AUTO_SHARD_BYTES = 1 << 20
+# Auto process count: text to build under this is packed in the builder's own process. Each
+# spawned worker imports TensorFlow before its first shard (~3.5 s, ~4 CPU-s), while one process
+# packs ~7 MB/s; two cores broke even at ~60 MB (docs/benchmarks.md, "Shards: one process or a
+# pool"), more cores sooner, never below ~30 MB.
+POOL_MIN_BYTES = 32 << 20
 ORPHAN_POLL_SECONDS = 0.5  # how often a worker checks that the builder is still alive
 STOP_GRACE_SECONDS = 5.0  # after SIGTERM to the workers, how long before SIGKILL
 # Upper bounds of the flags. Five digits in `shard_name`: more shards would not sort in order.
@@ -61,7 +66,8 @@ class BuildConfig:
       max_seq_length: tokens per example, [CLS]/[SEP] included (128).
       num_shards: output files; 0 -> one per MiB of input, clamped to [8, 1000]. Never derived
         from `num_processes`, so output bytes do not depend on it.
-      num_processes: worker processes (0 -> os.cpu_count()); 1 runs in this process.
+      num_processes: worker processes; 1 runs in this process; 0: one per core, or this
+        process alone when the text left to build is under `POOL_MIN_BYTES` (32 MiB).
       seed: shard s packs with random.Random(sha256(f"{seed}:{s}")).
       on_error: "warn" (report non-UTF-8 bytes with file:line, replace them) or "fail".
       lower_case: BERT uncased normalisation (must match the vocab).

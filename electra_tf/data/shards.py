@@ -7,7 +7,8 @@
      run of non-blank lines (a document), cut after `MAX_UNIT_LINES` lines so one huge blank-free
      file still spreads over shards. Unit u goes to shard `u % num_shards`, so the assignment
      depends only on the inputs.
-  2. Build (pool of `num_processes` processes, spawned). Shard s reads its units back by byte
+  2. Build (pool of `num_processes` processes, spawned; the builder's own process when it is 1,
+     or by default for less than `POOL_MIN_BYTES` of text). Shard s reads its units back by byte
      offset, tokenizes lines in batches through the fused tf-text op, packs them with an
      `ExampleBuilder` whose RNG is seeded from sha256(f"{seed}:{s}"), and writes a temporary
      `.pretrain_data.tfrecord-SSSSS-of-NNNNN.<random>.tmp` (created exclusively, written through
@@ -63,7 +64,8 @@ from electra_tf.data.manifest import MANIFEST, SHARD_PREFIX, shard_name
 # The build's config, limits and errors are re-exported: `shards.BuildConfig` is the API.
 from electra_tf.data.shard_config import (  # noqa: F401
     AUTO_SHARD_BYTES, BUILD_CONFIG, DEFAULT_MAX_LINE_BYTES, EMBEDDED_INPUT, MAX_SEQ_LENGTH,
-    MAX_SHARDS, STATS_DIR, BuildConfig, BuildInterrupted, InputFilesError, _write_json_atomic)
+    MAX_SHARDS, POOL_MIN_BYTES, STATS_DIR, BuildConfig, BuildInterrupted, InputFilesError,
+    _write_json_atomic)
 from electra_tf.data.shard_pool import (
     Progress, build_in_pool, build_in_process, input_description, remove_temp_files,
     signals_raise_interrupted)
@@ -102,6 +104,15 @@ def build_pretraining_data(
             if os.path.isdir(out) else []
         raise BuildInterrupted(f"{e}; {len(kept)} finished shard(s) kept in {out}, no partial "
                                "ones: rerun the same command to resume", e.signum) from None
+
+
+def worker_count(requested: int, todo_bytes: int, todo_shards: int) -> int:
+    """Processes to build `todo_shards` shards holding `todo_bytes` of text with: `requested`
+    (`BuildConfig.num_processes`), or for 0 one per core, or 1 under `POOL_MIN_BYTES` (a spawned
+    worker's start-up would cost more than it saves); never more than the shards."""
+    if requested == 0:
+        requested = 1 if todo_bytes < POOL_MIN_BYTES else (os.cpu_count() or 1)
+    return min(requested, max(todo_shards, 1))
 
 
 def check_output_dir(output_dir: str, inputs: Sequence[str], input_files: Sequence[str]) -> None:
@@ -265,9 +276,13 @@ def _build(config: BuildConfig, vocab: list[str], inputs: list[str] | None,
     if len(todo) < num_shards:
         logging.info("Resuming: %d of %d shards already finished", num_shards - len(todo),
                      num_shards)
-    num_processes = min(config.num_processes or os.cpu_count() or 1, max(len(todo), 1))
     todo_bytes = sum(int(np.sum(index.end[s::num_shards] - index.start[s::num_shards]))
                      for s in todo)
+    num_processes = worker_count(config.num_processes, todo_bytes, len(todo))
+    if todo:
+        logging.info("Building %d shard(s) %s", len(todo),
+                     "in this process" if num_processes == 1 else
+                     f"with {num_processes} worker processes")
     progress = Progress(todo_bytes, num_shards - len(todo), num_shards, every=progress_every,
                          on_shard_done=on_shard_done)
     if todo and num_processes == 1:

@@ -174,6 +174,24 @@ def test_round_trip_on_real_text(tmp_path, imdb_docs, vocab_file, tokenizer, hel
     assert manifest["num_tokens"] == sum(sum(e["input_mask"]) for e in examples)
 
 
+def test_by_default_small_text_is_built_in_this_process_and_large_text_by_one_worker_per_core(
+        tmp_path, corpus_dir, vocab_file, monkeypatch, caplog):
+    """`num_processes=0`: under `POOL_MIN_BYTES` of text left to build, the builder's own process
+    (a spawned worker's start-up costs more there); from it on, one worker per core; never more
+    processes than shards, and a number given is kept (bytes are the same either way: the test
+    below)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    assert shards.worker_count(0, shards.POOL_MIN_BYTES - 1, 8) == 1
+    assert shards.worker_count(0, shards.POOL_MIN_BYTES, 8) == 4
+    assert shards.worker_count(0, shards.POOL_MIN_BYTES, 3) == 3
+    assert shards.worker_count(2, 10, 8) == 2 and shards.worker_count(1, 10**12, 8) == 1
+    assert shards.worker_count(0, 0, 0) == 1
+    monkeypatch.setattr(shards, "build_in_pool", lambda *a: pytest.fail("a pool for small text"))
+    with caplog.at_level(logging.INFO):
+        _, manifest = build(tmp_path, [corpus_dir], vocab_file, num_shards=3, num_processes=0)
+    assert manifest["num_examples"] > 0 and "Building 3 shard(s) in this process" in caplog.text
+
+
 @pytest.mark.slow
 def test_same_seed_same_bytes_with_one_and_two_processes(tmp_path, corpus_dir, vocab_file,
                                                          helpers):
