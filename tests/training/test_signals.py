@@ -279,9 +279,8 @@ def test_a_signal_at_any_line_leaves_every_with_block_it_was_in():
 @pytest.mark.multiprocess
 def test_sigint_in_a_1000_step_loop_stops_within_seconds_and_resumes_exactly(
         tmp_path, pretrain_shards, pretrain_vocab, th):
-    # One configured loop of all 300 steps: before, a signal waited for its end (the run's end).
-    # The signal comes a second after the trace, tens of steps in (a step is 10-50 ms here).
-    common = dict(num_train_steps=300, steps_per_loop=1000, save_checkpoints_steps=1000,
+    # One configured loop of all 600 steps: before, a signal waited for its end (the run's end).
+    common = dict(num_train_steps=600, steps_per_loop=1000, save_checkpoints_steps=1000,
                   summary_steps=1000, jit_compile=False)
     straight_dir, stopped_dir = str(tmp_path / "straight"), str(tmp_path / "stopped")
     straight = Watched(th.pretrain_process(th.tiny_flags(pretrain_shards, pretrain_vocab,
@@ -298,9 +297,9 @@ def test_sigint_in_a_1000_step_loop_stops_within_seconds_and_resumes_exactly(
     assert stopped_at - sent < STOP_SECONDS, log[-3000:]
     assert code == 130 and "Traceback" not in log, log[-3000:]  # SIGINT: as a shell reports Ctrl-C
     step = int(re.search(r"Stopped at step (\d+)", log).group(1))
-    assert 1 <= step < 300
+    assert 1 <= step < 600
     checkpoint = os.path.join(stopped_dir, f"ckpt-{step}")
-    assert first.last_line() == (f"electra-pretrain: stopped on SIGINT at step {step} of 300 "
+    assert first.last_line() == (f"electra-pretrain: stopped on SIGINT at step {step} of 600 "
                                  f"(checkpoint {checkpoint}); run the same command to resume")
     assert tf.train.latest_checkpoint(stopped_dir) == checkpoint
     assert not os.path.exists(os.path.join(stopped_dir, "discriminator"))  # not finished
@@ -313,7 +312,7 @@ def test_sigint_in_a_1000_step_loop_stops_within_seconds_and_resumes_exactly(
     # bit for bit the weights of the run without a stop.
     a = weights(tf.train.latest_checkpoint(straight_dir))
     b = weights(tf.train.latest_checkpoint(stopped_dir))
-    assert tf.train.latest_checkpoint(stopped_dir).endswith("ckpt-300")
+    assert tf.train.latest_checkpoint(stopped_dir).endswith("ckpt-600")
     assert set(a) == set(b) and len(a) > 10
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
