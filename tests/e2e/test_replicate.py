@@ -32,9 +32,9 @@ def test_replication_writes_the_table_and_a_png(tmp_path):
     from electra_tf.experiments.replication import (
         ALL_VARIANTS, ReplicationConfig, results_table, steps_for_equal_compute)
 
-    # The plan of all six variants on the run's vocabulary and settings: the run's three equal it.
-    config = ReplicationConfig(electra_steps=10, num_points=1, corpus_scale=0.008,
-                               model_overrides=(("num_layers", 1),), variants=ALL_VARIANTS)
+    # The plan of all six variants with the run's recorded config and vocabulary: the run's three
+    # equal it.
+    config = ReplicationConfig(**{**results["config"], "variants": ALL_VARIANTS})
     plan = steps_for_equal_compute(config, str(workdir / "vocab.txt"),
                                    config.demo_config().max_seq_length)
     assert {v: list(p) for v, p in plan.items() if v in results["plan"]} == results["plan"]
