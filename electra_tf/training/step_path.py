@@ -10,7 +10,9 @@ CPU, so `choose` times both.
 `choose(requested, ...)`:
   - `requested` True / False (`--jit_compile` / `--nojit_compile`): that path, no probe.
   - None (the default): on CPU, a probe when the run is long enough for it to pay (its cost,
-    mostly XLA's compilation, under ~3% of the run's estimated time): both paths are warmed up,
+    mostly XLA's compilation, under ~3% of the run's estimated time, which one traced graph
+    step estimates; a run of at most `min_probed_steps()` is too short on any machine and is
+    not timed at all): both paths are warmed up,
     then timed in interleaved rounds, and XLA is chosen when its median step is at least
     `MARGIN` faster; otherwise, and off CPU or across workers, the graph (the path whose numbers
     every earlier release produced).
@@ -44,6 +46,14 @@ PROBE_SHARE = 0.03
 XLA_COMPILE_FACTOR = 2.0
 ROUNDS = 3
 SAMPLE_SECONDS = 1.0  # the least time one timed sample of one path runs for
+
+
+def min_probed_steps() -> int:
+    """The probe times 2 * ROUNDS samples of at least one step each, besides compiling: a run of
+    at most this many steps (200) is too short for it on any machine, so such a run is not even
+    timed (its train step is traced by the run itself; no step is taken and undone first)."""
+    return round(2 * ROUNDS / PROBE_SHARE)
+
 
 @dataclasses.dataclass(frozen=True)
 class StepPath:
@@ -144,6 +154,9 @@ def choose(requested: bool | None, *, strategy, remaining_steps: int,
     if memo_key is not None and memo_key in _MEMO:
         known = _MEMO[memo_key]
         return dataclasses.replace(known, reason=known.reason + ", probed earlier in this process")
+    if remaining_steps <= min_probed_steps():  # too short whatever a step costs: nothing to time
+        return StepPath(False, f"the run ({remaining_steps} steps) is too short for a probe to "
+                               f"pay (more than {min_probed_steps()} needed); {flag} forces XLA")
     state = snapshot()
     try:
         graph = runner(False)

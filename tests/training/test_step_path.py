@@ -92,13 +92,37 @@ def test_the_graph_stays_unless_xla_is_clearly_faster(xla):
 
 
 def test_a_short_run_is_not_probed_and_its_two_steps_are_undone():
-    # 200 steps of 0.3 s = 60 s; the probe would cost 2 x 1 s of compilation + 6 samples of 1 s.
-    probe = Probe(graph=0.30, xla=0.10)
-    chosen = probe.choose(remaining=200)
+    # 1,000 steps of 0.3 s = 300 s; the probe would cost 2 x 10 s of compilation (the trace
+    # measured, doubled) + 6 samples of 1 s: above 3% of the run.
+    probe = Probe(graph=0.30, xla=0.10, trace=10.0)
+    chosen = probe.choose(remaining=1000)
     assert not chosen.jit_compile
     assert "too short for a probe" in chosen.reason and "--jit_compile forces XLA" in chosen.reason
+    assert "the run (~300 s)" in chosen.reason
     assert probe.built == [False] and probe.steps == {False: 2, True: 0}
     assert probe.restored == 1
+    # The same steps with a cheap trace: the probe pays.
+    assert Probe(graph=0.30, xla=0.10, trace=1.0).choose(remaining=1000).jit_compile
+
+
+@pytest.mark.parametrize("remaining", [0, 1, 6, step_path.min_probed_steps()])
+def test_a_run_too_short_on_any_machine_is_not_timed(remaining):
+    """Six samples of at least one step each are over 3% of a run of at most 200 steps, however
+    long a step takes: such a run (a smoke test, a resumed run near its end) takes no step to
+    time, and nothing is snapshotted or undone."""
+    assert step_path.min_probed_steps() == 2 * step_path.ROUNDS / step_path.PROBE_SHARE == 200
+    for seconds in (1e-4, 0.3, 30.0):
+        probe = Probe(graph=seconds, xla=seconds / 10, trace=1e-6)
+        chosen = probe.choose(remaining=remaining)
+        assert not chosen.jit_compile
+        assert f"the run ({remaining} steps) is too short for a probe" in chosen.reason
+        assert "--jit_compile forces XLA" in chosen.reason
+        assert probe.built == [] and probe.restored == 0
+    # One step more: the graph step is traced and timed, and the estimate decides.
+    probe = Probe(graph=30.0, xla=3.0, trace=1e-6)
+    chosen = probe.choose(remaining=step_path.min_probed_steps() + 1)
+    assert "the run (~6030 s) is too short" in chosen.reason
+    assert probe.built == [False] and probe.steps == {False: 2, True: 0} and probe.restored == 1
 
 
 def test_a_flag_forces_either_path_without_a_probe():
