@@ -34,9 +34,9 @@ _MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "Tokens per example.", lo
 _SHARDS = flags.DEFINE_integer("num_shards", 0, "Output shards; 0 = one per MiB of input, "
                                "clamped to [8, 1000].", lower_bound=0,
                                upper_bound=shards.MAX_SHARDS)
-_PROCS = flags.DEFINE_integer("num_processes", 0, "Worker processes; 0 = one per core, or "
-                              "this process alone for under 32 MiB of text (faster there).",
-                              lower_bound=0)
+_PROCS = flags.DEFINE_integer(
+    "num_processes", 0, "Worker processes; 0 = one per core, or this process alone for under "
+    f"{shards.POOL_MIN_BYTES >> 20} MiB of text (faster there).", lower_bound=0)
 _SEED = flags.DEFINE_integer("seed", 0, "Packing seed (output is identical for any "
                              "--num_processes).")
 _ON_ERROR = flags.DEFINE_enum("on_error", "warn", ["warn", "fail"],
