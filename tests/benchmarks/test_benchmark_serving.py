@@ -73,11 +73,22 @@ def test_every_row_at_every_batch_size_with_ratios(references, tmp_path):
 
 @pytest.mark.slow
 def test_reference_rows_in_child_processes(references, tmp_path):
+    """Also, on a CPU with AVX-512, as an emulated AVX2-only CPU: the benchmark restarted with
+    oneDNN limited to AVX2 (its CPU line reads the restarted process's environment), and its
+    torch child running ATen's AVX2 kernels."""
     out = tmp_path / "serving.json"
+    emulate = "avx512f" in cpu.cpu_flags()[1]
     report = run_benchmark("--rows=onnxruntime,torch,saved_model,saved_model_variables",
-                           "--reference_process=child", f"--json={out}", f"--work_dir={tmp_path / 'work'}")
+                           "--reference_process=child", f"--json={out}", f"--work_dir={tmp_path / 'work'}",
+                           *(["--emulate_avx2"] if emulate else []))
     assert "torch and onnxruntime run in child processes" in report
     result = json.loads(out.read_text())
+    assert result["emulated_avx2"] is emulate
+    if emulate:
+        assert "EMULATED AVX2-only CPU: ONEDNN_MAX_CPU_ISA=AVX2" in report
+        assert "its kernels limited to AVX2 by ONEDNN_MAX_CPU_ISA" in report.splitlines()[0]
+        assert "ATen kernels AVX2," in report
+        assert "onnxruntime: NOT limited to AVX2" in report
     rows = ("onnxruntime", "torch", "saved_model", "saved_model_variables")
     assert [(row["row"], row["batch"]) for row in result["rows"]] == [(row, b) for b in (1, 2) for row in rows]
     # The variables' export (freeze=False) beside the served one, not a version of it.
