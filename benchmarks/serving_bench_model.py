@@ -3,8 +3,12 @@ request timer they share and `benchmarks/benchmark_serving.py`'s summary of its 
 
 Used by `benchmarks/benchmark_serving.py`, its reference rows' child processes
 (`benchmarks/torch_serving.py`) and `benchmarks/load_test_serving.py` (a module without flags, so
-all of them can import it). Serving speed does not depend on the weights; tokenization does real
-WordPiece work on a vocabulary made from the Rotten Tomatoes sentences unless one is given.
+all of them can import it). Serving speed does not depend on the weights' values, with one
+exception that `like_trained` removes: an initialised model's biases and normalisation offsets are
+0 and its normalisation scales 1, and TensorFlow's graph optimiser folds an add of zeros and a
+product with ones out of a graph whose weights are constants (an export's), which no fine-tuned
+model would let it do. Tokenization does real WordPiece work on a vocabulary made from the Rotten
+Tomatoes sentences unless one is given.
 """
 
 from __future__ import annotations
@@ -35,10 +39,41 @@ def config_name(config: str) -> str:
     return Path(config).stem
 
 
+# How far `like_trained` moves biases and offsets from 0 and scales from 1 (a standard deviation).
+TRAINED_SPREAD = 0.02
+
+
+def like_trained(weights, seed: int = 0) -> int:
+    """Moves every bias and normalisation offset (Keras `bias`, `beta`; PyTorch `bias`) off 0 and
+    every normalisation scale (Keras `gamma`; PyTorch `LayerNorm.weight`) off 1 by a seeded normal
+    draw of `TRAINED_SPREAD`, as fine-tuning would. `weights`: Keras variables (`.path`) or
+    PyTorch `(name, parameter)` pairs. Returns how many were moved."""
+    rng = np.random.default_rng(seed)
+    moved = 0
+    for weight in weights:
+        if isinstance(weight, tuple):  # PyTorch
+            import torch
+
+            name, parameter = weight
+            base = (1.0 if "LayerNorm" in name and name.endswith(".weight")
+                    else 0.0 if name.endswith(".bias") else None)
+            if base is not None:
+                with torch.no_grad():
+                    parameter.copy_(torch.from_numpy(
+                        rng.normal(base, TRAINED_SPREAD, tuple(parameter.shape)).astype(np.float32)))
+        else:
+            base = {"bias": 0.0, "beta": 0.0, "gamma": 1.0}.get(weight.path.rsplit("/", 1)[-1])
+            if base is not None:
+                weight.assign(rng.normal(base, TRAINED_SPREAD, tuple(weight.shape)).astype(np.float32))
+        moved += base is not None
+    return moved
+
+
 def export_classifier(work: str, vocab_file: str | None, max_seq_length: int,
                       config: str = "electra_small") -> ClassifierExport:
-    """The classifier on `config` (a name in configs/ or a JSON path; random weights, 2 labels)
-    exported to `work/export/NAME/1`, NAME the config's name."""
+    """The classifier on `config` (a name in configs/ or a JSON path; random weights with biases
+    and normalisation parameters `like_trained`, 2 labels) exported to `work/export/NAME/1`, NAME
+    the config's name."""
     from electra_tf.config import ElectraConfig
     from electra_tf.data import corpus
     from electra_tf.data.tokenizer import WordpieceTokenizer, frequency_vocab, write_vocab
@@ -52,6 +87,7 @@ def export_classifier(work: str, vocab_file: str | None, max_seq_length: int,
         write_vocab(frequency_vocab(sentences), vocab_file)
     model_config = ElectraConfig.from_json(config).with_vocab(vocab_file)
     head = SentenceClassifier(model_config, num_labels=2)
+    like_trained(head.weights)
     info = {"task": "rotten_tomatoes", "label_names": ["negative", "positive"],
             "max_seq_length": max_seq_length, "lower_case": True}
     name = config_name(config)

@@ -108,6 +108,7 @@ class TorchClassifier:
         import torch
         from transformers import BertTokenizerFast, ElectraForSequenceClassification
 
+        from benchmarks.serving_bench_model import like_trained
         from benchmarks.torch_reference import hf_config
 
         torch.set_num_threads(threads)
@@ -116,6 +117,7 @@ class TorchClassifier:
         self.tokenizer = BertTokenizerFast(vocab_file, do_lower_case=True)
         self.model = ElectraForSequenceClassification._from_config(
             hf_config(model_config, num_labels=num_labels)).eval()
+        like_trained(self.model.named_parameters(), seed)  # as the SavedModel row's head
         self.attention = self.model.config._attn_implementation
 
     def encode(self, texts, return_tensors: str) -> dict:

@@ -133,3 +133,35 @@ def test_a_wrong_export_is_not_timed():
     assert torch_serving.check_agreement(right, right, ["a", "b"]) == 0
     with pytest.raises(AssertionError, match="largest difference 1.00e-03"):
         torch_serving.check_agreement(right, wrong, ["a", "b"])
+
+
+def test_the_timed_models_have_biases_and_scales_as_a_fine_tuned_model_has():
+    """An initialised model's zero biases and unit scales would be folded out of the export's
+    graph (constant weights), flattering the SavedModel rows; `like_trained` moves them, on both
+    sides, and leaves every other weight as drawn."""
+    from benchmarks.serving_bench_model import TRAINED_SPREAD, like_trained
+    from electra_tf.config import ElectraConfig
+    from electra_tf.finetune.heads import SentenceClassifier
+
+    head = SentenceClassifier(ElectraConfig.from_json("electra_tiny"), num_labels=2)
+    before = {v.path: v.numpy().copy() for v in head.weights}
+    assert like_trained(head.weights) == sum(v.path.endswith(("/bias", "/beta", "/gamma")) for v in head.weights) > 0
+    for v in head.weights:
+        leaf = v.path.rsplit("/", 1)[-1]
+        if leaf in ("bias", "beta", "gamma"):
+            base = 1.0 if leaf == "gamma" else 0.0
+            assert np.array_equal(before[v.path], np.full_like(before[v.path], base)), v.path
+            assert np.all(v.numpy() != base) and np.std(v.numpy()) < 3 * TRAINED_SPREAD, v.path
+        else:
+            assert np.array_equal(v.numpy(), before[v.path]), v.path
+    if torch_serving.missing("torch"):
+        return
+    import torch
+
+    layer = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    named = dict(layer.named_parameters())
+    kernel = named["0.weight"].detach().clone()
+    named = {name.replace("1.", "LayerNorm."): p for name, p in named.items()}
+    assert like_trained(list(named.items())) == 3
+    assert torch.all(named["0.bias"] != 0) and torch.all(named["LayerNorm.bias"] != 0)
+    assert torch.all(named["LayerNorm.weight"] != 1) and torch.equal(named["0.weight"], kernel)
