@@ -4,8 +4,9 @@
       [--rows=torch,onnxruntime,saved_model,saved_model_ids,REST,gRPC] [--batch_sizes=1,8,32]
       [--seconds=5] [--rounds=2] [--reference_process=same] [--emulate_avx2] [--json=PATH]
 
-Builds `SentenceClassifier` on --config (a name in configs/ or a JSON path; random weights: speed
-does not depend on them), exports it with `electra_tf.export.export_head` (max_seq_length 128,
+Builds `SentenceClassifier` on --config (a name in configs/ or a JSON path; random weights, its
+biases and normalisation parameters moved as training moves them, `serving_bench_model.like_trained`:
+speed does not depend on the values otherwise), exports it with `electra_tf.export.export_head` (max_seq_length 128,
 raw-text `serving_default` with in-graph tokenization) and times one request at a time, from one
 client, on the same sentences for every row:
 
