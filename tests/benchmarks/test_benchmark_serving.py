@@ -158,10 +158,10 @@ def test_the_timed_models_have_biases_and_scales_as_a_fine_tuned_model_has():
         return
     import torch
 
-    layer = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    # Named as Hugging Face names ELECTRA's parameters (`...dense.bias`, `...LayerNorm.weight`).
+    layer = torch.nn.ModuleDict({"dense": torch.nn.Linear(4, 3), "LayerNorm": torch.nn.LayerNorm(3)})
     named = dict(layer.named_parameters())
-    kernel = named["0.weight"].detach().clone()
-    named = {name.replace("1.", "LayerNorm."): p for name, p in named.items()}
-    assert like_trained(list(named.items())) == 3
-    assert torch.all(named["0.bias"] != 0) and torch.all(named["LayerNorm.bias"] != 0)
-    assert torch.all(named["LayerNorm.weight"] != 1) and torch.equal(named["0.weight"], kernel)
+    kernel = named["dense.weight"].detach().clone()
+    assert like_trained(layer.named_parameters()) == 3
+    assert torch.all(named["dense.bias"] != 0) and torch.all(named["LayerNorm.bias"] != 0)
+    assert torch.all(named["LayerNorm.weight"] != 1) and torch.equal(named["dense.weight"], kernel)
