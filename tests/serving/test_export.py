@@ -1322,6 +1322,10 @@ def test_every_export_ships_warmup_requests_that_run(exports, vocab_file):
         assert {_warmup_calls(log) for log in logs} == {
             (s, b) for s in servable.signatures for b in W.BATCH_SIZES}, name
         assert all(getattr(log, log.WhichOneof("log_type")).request.model_spec.name == name for log in logs)
+        first = {}  # each signature's first request: one sentence (the weight layouts, W's doc)
+        for log in logs:
+            first.setdefault(*_warmup_calls(log))
+        assert set(first.values()) == {1}, (name, first)
         report = json.loads(open(os.path.join(path, E.EXPORT_REPORT)).read())
         assert report["warmup_requests"] == len(logs)
         texts = [t for log in logs if log.predict_log.request.model_spec.signature_name == "serving_default"
@@ -1416,3 +1420,58 @@ def test_the_first_request_to_a_new_version_is_warm(exports, tmp_path):
     assert first <= max(3 * median, median + 0.02), (first, median)
     first, median = first_and_median(cold)
     assert first > max(10 * median, median + 0.05), (first, median)
+
+
+
+# The fresh process of the test below: the export's warmup replayed as the server replays it,
+# then one-sentence requests, with oneDNN reporting every primitive it runs (stdout).
+_RELAYOUT_PROBE = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from electra_tf.serving import warmup
+    from electra_tf.serving.servables import Servable
+
+    servable = Servable("m", 1, sys.argv[1])
+    warmup.replay(servable)
+    signature = servable.signature("serving_default")
+    text = np.array([" ".join(["the movie was great"] * 3).encode()], object)  # 12 pieces
+    signature.call({"text": text})
+    print("=== requests", flush=True)
+    for _ in range(3):
+        signature.call({"text": text})
+    print("=== end", flush=True)
+""")
+
+
+def test_after_warmup_a_one_sentence_request_lays_out_no_weights_again(vocab_file, tmp_path):
+    """TensorFlow's oneDNN matmuls keep a constant weight in the blocked layout that the kernel's
+    FIRST call picks, and that layout depends on the call's row count (for these shapes one for
+    ~8-80 rows, another below and above): every later call whose shape picks the other lays the
+    weight out again, on every call (~3 ms of an ELECTRA-Small request). So each signature's first
+    warmup request is one typical sentence, what an online service sends most; when the first was
+    a 4-word sentence, every one-sentence request after the warmup re-laid out the attention's
+    weights. Counted with ONEDNN_VERBOSE in a fresh process, on a classifier whose biases and
+    normalisation are off 0 and 1 as a fine-tuned one's (zero biases are folded away, and with
+    them the fused bias matmuls that keep weights). Where TensorFlow runs no oneDNN kernels
+    (nothing reported) there is nothing to check."""
+    config = ElectraConfig.from_json("electra_tiny").with_vocab(vocab_file)
+    head = SentenceClassifier(config, num_labels=2)
+    rng = np.random.default_rng(0)
+    for weight in head.weights:
+        base = {"bias": 0.0, "beta": 0.0, "gamma": 1.0}.get(weight.path.rsplit("/", 1)[-1])
+        if base is not None:
+            weight.assign(rng.normal(base, 0.02, tuple(weight.shape)).astype(np.float32))
+    info = {"task": "sentiment", "label_names": ["negative", "positive"], "max_seq_length": SEQ,
+            "lower_case": True}
+    path = E.export_head(head, info, vocab_file, str(tmp_path), "m", verbose=False)
+    result = subprocess.run([sys.executable, "-c", _RELAYOUT_PROBE, path],
+                            env=dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2"),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    requests = result.stdout.split("=== requests")[1].split("=== end")[0].splitlines()
+    executed = [line for line in requests if ",exec," in line]
+    if not executed:
+        pytest.skip("TensorFlow ran no oneDNN primitive on this CPU")
+    assert any(",inner_product," in line for line in executed), executed[:5]
+    relayouts = [line for line in executed if ",reorder," in line]
+    assert not relayouts, f"{len(relayouts)} weight re-layouts in 3 requests, e.g. {relayouts[0]}"
