@@ -15,8 +15,9 @@ has is warmed, whatever its task family:
   own vocabulary that are one piece each (`vocabulary_words`), at three lengths: a few words,
   about a Rotten Tomatoes sentence (~20 pieces), and longer than max_seq_length (packed at the
   full length); an input of rank 2 ([B, num_choices]) gets a sentence per cell;
-- int32 token-id inputs (`serve_ids`) get ids 1..n (in range for any vocabulary, [PAD] = 0 on
-  the masked tail), a mask of ones on the first n positions, segment 0, at the same lengths;
+- int32 token-id inputs (`serve_ids`) get ids 1..n (cycling below the export's vocabulary size,
+  [PAD] = 0 on the masked tail), a mask of ones on the first n positions, segment 0, at the same
+  lengths;
 - classify / regress signatures (`tensorflow/serving/classify`, `.../regress`) get serialized
   `tf.Example`s with the text signature's string features.
 
@@ -102,14 +103,27 @@ def _text_value(shape: list, batch: int, words: int, vocabulary) -> np.ndarray:
     return np.array(texts, dtype=object).reshape(cells)
 
 
-def _ids_value(key: str, shape: list, batch: int, words: int, max_seq_length: int) -> np.ndarray:
-    """token ids / mask / segments of `words` positions padded to the signature's length."""
+def vocabulary_size(export_path: str) -> int | None:
+    """Lines of the export's `assets/vocab.txt` (None without one)."""
+    path = os.path.join(export_path, "assets", "vocab.txt")
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return sum(1 for _ in f)
+
+
+def _ids_value(key: str, shape: list, batch: int, words: int, max_seq_length: int,
+               vocab_size: int | None = None) -> np.ndarray:
+    """token ids / mask / segments of `words` positions padded to the signature's length; ids
+    1, 2, ... cycling below `vocab_size` (a signature checks its ids' range)."""
     length = shape[-1] if shape[-1] and shape[-1] > 0 else min(words + 2, max_seq_length)
     real = min(words + 2, length)
     cells = [batch] + [d if d and d > 0 else 2 for d in shape[1:-1]] + [length]
     row = np.zeros(length, np.int32)
     if key == "input_ids":
-        row[:real] = np.arange(1, real + 1)
+        ids = np.arange(real)
+        # (one id of margin: a last line without a token would not count)
+        row[:real] = 1 + (ids % (vocab_size - 2) if vocab_size and vocab_size > 2 else ids)
     elif key == "input_mask":
         row[:real] = 1
     return np.broadcast_to(row, cells).copy()
@@ -126,9 +140,9 @@ def _example(features: Mapping[str, bytes]) -> bytes:
 
 
 def requests(signature_defs: Mapping, model_name: str, max_seq_length: int,
-             vocabulary=_WORDS) -> list:
+             vocabulary=_WORDS, vocab_size: int | None = None) -> list:
     """PredictionLogs warming every signature in `signature_defs` ({name: SignatureDef}), with
-    sentences of `vocabulary`'s words."""
+    sentences of `vocabulary`'s words and token ids below `vocab_size`."""
     from tensorflow_serving.apis import (classification_pb2, predict_pb2, prediction_log_pb2,
                                          regression_pb2)
 
@@ -138,7 +152,9 @@ def requests(signature_defs: Mapping, model_name: str, max_seq_length: int,
     for name, sig in sorted(signature_defs.items()):
         if name.startswith("__"):
             continue
-        first = (typical(max_seq_length), 1)  # fixes the kernels' weight layouts (module doc)
+        # The first request fixes the kernels' weight layouts (module doc): what clients send
+        # most, one sentence (`serve_ids` runs the rows' real length too, whatever the padding).
+        first = (typical(max_seq_length), 1)
         cells = [first] + [(words, batch) for words in lengths(max_seq_length) for batch in BATCH_SIZES
                            if (words, batch) != first]
         if name == "serving_default":
@@ -163,7 +179,7 @@ def requests(signature_defs: Mapping, model_name: str, max_seq_length: int,
                     if info.dtype == tf.string.as_datatype_enum:
                         value = _text_value(shape, batch, words, vocabulary)
                     else:
-                        value = _ids_value(key, shape, batch, words, max_seq_length).astype(
+                        value = _ids_value(key, shape, batch, words, max_seq_length, vocab_size).astype(
                             tf.as_dtype(info.dtype).as_numpy_dtype)
                     request.inputs[key].CopyFrom(tf.make_tensor_proto(value))
                 log.predict_log.request.CopyFrom(request)
@@ -175,7 +191,8 @@ def requests(signature_defs: Mapping, model_name: str, max_seq_length: int,
 
 def write(export_path: str, signature_defs: Mapping, model_name: str, max_seq_length: int) -> int:
     """Writes `export_path/assets.extra/tf_serving_warmup_requests`; returns the record count."""
-    logs = requests(signature_defs, model_name, max_seq_length, vocabulary_words(export_path))
+    logs = requests(signature_defs, model_name, max_seq_length, vocabulary_words(export_path),
+                    vocabulary_size(export_path))
     path = os.path.join(export_path, WARMUP_FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tf.io.TFRecordWriter(path) as writer:

@@ -1433,13 +1433,19 @@ _RELAYOUT_PROBE = textwrap.dedent("""
 
     servable = Servable("m", 1, sys.argv[1])
     warmup.replay(servable)
-    signature = servable.signature("serving_default")
-    text = np.array([" ".join(["the movie was great"] * 3).encode()], object)  # 12 pieces
-    signature.call({"text": text})
-    print("=== requests", flush=True)
-    for _ in range(3):
-        signature.call({"text": text})
-    print("=== end", flush=True)
+    text = {"text": np.array([" ".join(["the movie was great"] * 3).encode()], object)}  # 12 pieces
+    length = int(sys.argv[2])  # the fine-tuning features' layout: padded to max_seq_length (the
+    # signature runs the rows' real length, as serving_default does)
+    ids = {"input_ids": np.zeros((1, length), np.int32), "input_mask": np.zeros((1, length), np.int32),
+           "segment_ids": np.zeros((1, length), np.int32)}
+    ids["input_ids"][0, :14], ids["input_mask"][0, :14] = np.arange(1, 15), 1
+    for name, inputs in (("serving_default", text), ("serve_ids", ids)):
+        signature = servable.signature(name)
+        signature.call(inputs)
+        print("=== requests", name, flush=True)
+        for _ in range(3):
+            signature.call(inputs)
+        print("=== end", flush=True)
 """)
 
 
@@ -1450,7 +1456,8 @@ def test_after_warmup_a_one_sentence_request_lays_out_no_weights_again(vocab_fil
     weight out again, on every call (~3 ms of an ELECTRA-Small request). So each signature's first
     warmup request is one typical sentence, what an online service sends most; when the first was
     a 4-word sentence, every one-sentence request after the warmup re-laid out the attention's
-    weights. Counted with ONEDNN_VERBOSE in a fresh process, on a classifier whose biases and
+    weights. The same for `serve_ids` fed the fine-tuning features (padded ids). Counted with
+    ONEDNN_VERBOSE in a fresh process, on a classifier whose biases and
     normalisation are off 0 and 1 as a fine-tuned one's (zero biases are folded away, and with
     them the fused bias matmuls that keep weights). Where TensorFlow runs no oneDNN kernels
     (nothing reported) there is nothing to check."""
@@ -1461,17 +1468,20 @@ def test_after_warmup_a_one_sentence_request_lays_out_no_weights_again(vocab_fil
         base = {"bias": 0.0, "beta": 0.0, "gamma": 1.0}.get(weight.path.rsplit("/", 1)[-1])
         if base is not None:
             weight.assign(rng.normal(base, 0.02, tuple(weight.shape)).astype(np.float32))
-    info = {"task": "sentiment", "label_names": ["negative", "positive"], "max_seq_length": SEQ,
+    # 128, more positions than the test vocabulary has ids: the warmup's ids stay below its size.
+    length = config.max_position_embeddings
+    info = {"task": "sentiment", "label_names": ["negative", "positive"], "max_seq_length": length,
             "lower_case": True}
     path = E.export_head(head, info, vocab_file, str(tmp_path), "m", verbose=False)
-    result = subprocess.run([sys.executable, "-c", _RELAYOUT_PROBE, path],
+    result = subprocess.run([sys.executable, "-c", _RELAYOUT_PROBE, path, str(length)],
                             env=dict(os.environ, ONEDNN_VERBOSE="1", TF_CPP_MIN_LOG_LEVEL="2"),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    requests = result.stdout.split("=== requests")[1].split("=== end")[0].splitlines()
-    executed = [line for line in requests if ",exec," in line]
-    if not executed:
-        pytest.skip("TensorFlow ran no oneDNN primitive on this CPU")
-    assert any(",inner_product," in line for line in executed), executed[:5]
-    relayouts = [line for line in executed if ",reorder," in line]
-    assert not relayouts, f"{len(relayouts)} weight re-layouts in 3 requests, e.g. {relayouts[0]}"
+    for part in result.stdout.split("=== requests ")[1:]:
+        name, lines = part.split("=== end")[0].split("\n", 1)
+        executed = [line for line in lines.splitlines() if ",exec," in line]
+        if not executed:
+            pytest.skip("TensorFlow ran no oneDNN primitive on this CPU")
+        assert any(",inner_product," in line for line in executed), (name, executed[:5])
+        relayouts = [line for line in executed if ",reorder," in line]
+        assert not relayouts, f"{name}: {len(relayouts)} weight re-layouts in 3 requests, e.g. {relayouts[0]}"
