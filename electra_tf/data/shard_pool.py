@@ -157,7 +157,14 @@ def build_in_pool(config: BuildConfig, index: UnitIndex, num_shards: int, todo: 
     except BaseException as e:
         # Renamed shards stay; the workers go, and with them every temp file.
         stop_workers([p for p in multiprocessing.active_children() if p not in others])
+        manager = getattr(executor, "_executor_manager_thread", None)
         executor.shutdown(wait=False, cancel_futures=True)
+        if manager is not None:
+            # Its cleanup closes the pipe that the interpreter's exit handler for executors
+            # writes to; racing it, that write failed ("OSError: [Errno 9] Bad file descriptor",
+            # a traceback after the one-line message, CPython 3.11). With the workers gone it
+            # ends at once.
+            manager.join(timeout=10)
         remove_temp_files(config.output_dir)
         if isinstance(e, concurrent.futures.BrokenExecutor):
             raise BuildInterrupted(

