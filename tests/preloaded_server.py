@@ -226,7 +226,14 @@ def _finish(code: int, killed_by: int | None = None) -> None:
     import atexit
     import threading
 
-    threading._shutdown()  # pylint: disable=protected-access
+    try:
+        threading._shutdown()  # pylint: disable=protected-access
+    except BaseException:  # pylint: disable=broad-except
+        # As the interpreter's own shutdown: reported as unraisable, the exit status kept.
+        import traceback
+
+        print(f"Exception ignored in: {threading!r}", file=sys.stderr)
+        traceback.print_exc()
     atexit._run_exitfuncs()  # pylint: disable=protected-access
     for stream in (sys.stdout, sys.stderr):
         try:
