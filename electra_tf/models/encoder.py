@@ -179,40 +179,7 @@ def _elementwise_softmax(scores):
 _ONEDNN = (tf.transpose, _batch_matmul, tf.nn.softmax)
 _EIGEN = (_eigen_transpose, _eigen_batch_matmul, _elementwise_softmax)
 # float32 inference calls with at most this many rows (batch x seq) take the Eigen kernels.
-EIGEN_ATTENTION_ROWS = 80
-
-# oneDNN (3.7, in TensorFlow 2.21) lays out an inner product's weight in one blocked layout for
-# calls of 7 to 80 rows and in another below and above (AVX-512: AB16b32a against AB16b64a; AVX2:
-# AB8b16a against AB8b24a or plain; every ELECTRA matmul shape alike), and TensorFlow's fused
-# matmul keeps a CONSTANT weight in the layout of its node's first call, laying it out again on
-# every call that wants the other (0.2-0.6 ms a weight). A constant reaches a `tf.cond` branch
-# only if the branch makes it itself: one captured from outside arrives through a `Switch`, is
-# no constant to the kernel, and runs unblocked (`gemm:jit`, ~1.4x the time at a sentence's rows).
-# So an export with frozen weights traces each layer twice, a narrow form for 7-80 rows and a
-# wide one for the rest, each making its own constants (`_ExportWeights`): every matmul node then
-# sees one layout and keeps it (docs/benchmarks.md, "One layout per matmul node").
-NARROW_LAYOUT_ROWS = (7, 80)
-
-
-def _narrow(rows):
-    """True where `rows` (a scalar tensor) is within NARROW_LAYOUT_ROWS."""
-    return tf.logical_and(rows >= NARROW_LAYOUT_ROWS[0], rows <= NARROW_LAYOUT_ROWS[1])
-
-
-class _ExportWeights:
-    """A layer's weights as an export traces them (`export_weights`): variables, read where used,
-    or (weights frozen into the graph) arrays of which `tensors()` makes constants in the graph
-    being traced, so that each `tf.cond` branch holds its own."""
-
-    def __init__(self, values: dict, name: str, frozen: bool):
-        self.frozen = frozen
-        self._values = ({k: ops.convert_to_numpy(v) for k, v in values.items()} if frozen else
-                        {k: tf.Variable(v, trainable=False, name=f"{name}_{k}") for k, v in values.items()})
-
-    def tensors(self, dtype) -> dict:
-        if self.frozen:
-            return {k: tf.constant(v, dtype) for k, v in self._values.items()}
-        return {k: tf.cast(v, dtype) for k, v in self._values.items()}
+EIGEN_ATTENTION_ROWS = 64
 
 
 @register
@@ -247,35 +214,23 @@ class SelfAttention(keras.layers.MultiHeadAttention):
         heads, head_dim = self._num_heads, self._key_dim
         width = heads * head_dim
         batch, seq, hidden = tf.shape(x)[0], tf.shape(x)[1], x.shape[-1]
-        rows = tf.reshape(x, (-1, hidden))  # [batch * seq, H]
-        adder = (1.0 - tf.cast(attention_mask, x.dtype)) * -10000.0  # [batch, (seq,) seq]
+        fused = None if training else _EXPORT_WEIGHTS.get(self)
+        if fused is None:
+            kernel, bias = self.qkv_weights()
+        else:  # an export's variables (`export_weights`)
+            kernel, bias = (tf.cast(w, x.dtype) for w in fused)
+        qkv = tf.matmul(tf.reshape(x, (-1, hidden)), kernel) + bias  # [batch * seq, 3 width]
+        adder = (1.0 - tf.cast(attention_mask, qkv.dtype)) * -10000.0  # [batch, (seq,) seq]
         # A [batch, seq, seq] mask gives each query its own keys (Electric's causal towers).
         adder = adder[:, None, :, :] if adder.shape.rank == 3 else adder[:, None, None, :]
-        exported = None if training else _EXPORT_WEIGHTS.get(self)
-
-        def attend(qkv, kernels):
-            if training or x.dtype != tf.float32:  # Eigen's BatchMatMulV3 has no float16 CPU kernel
-                return self._attend(qkv, adder, batch, seq, _ONEDNN, training)
-            if kernels is not None:
-                return self._attend(qkv, adder, batch, seq, kernels, False)
-            # a short request runs the small per-head ops faster on Eigen's kernels
-            return tf.cond(batch * seq <= EIGEN_ATTENTION_ROWS, lambda: self._attend(qkv, adder, batch, seq, _EIGEN, False),
-                           lambda: self._attend(qkv, adder, batch, seq, _ONEDNN, False))
-
-        def form(kernels=None):  # [batch * seq, H]; `kernels` None: chosen by the rows
-            w = {} if exported is None else exported.tensors(x.dtype)  # an export's (`export_weights`)
-            kernel, bias = (w["kernel"], w["bias"]) if w else self.qkv_weights()
-            if "out_kernel" in w:
-                out_kernel, out_bias = w["out_kernel"], w["out_bias"]
-            else:
-                out_kernel, out_bias = tf.reshape(self._output_dense.kernel, (width, -1)), self._output_dense.bias
-            qkv = tf.matmul(rows, kernel) + bias  # [batch * seq, 3 width]
-            return tf.matmul(attend(qkv, kernels), out_kernel) + out_bias
-
-        if exported is not None and exported.frozen:  # each layout's own constants
-            out = tf.cond(_narrow(batch * seq), lambda: form(_EIGEN), form)
-        else:
-            out = form()
+        if training or qkv.dtype != tf.float32:  # Eigen's BatchMatMulV3 has no float16 CPU kernel
+            context = self._attend(qkv, adder, batch, seq, _ONEDNN, training)
+        else:  # a short request runs the small per-head ops faster on Eigen's kernels
+            context = tf.cond(batch * seq <= EIGEN_ATTENTION_ROWS,
+                              lambda: self._attend(qkv, adder, batch, seq, _EIGEN, False),
+                              lambda: self._attend(qkv, adder, batch, seq, _ONEDNN, False))
+        out_dense = self._output_dense
+        out = tf.matmul(context, tf.reshape(out_dense.kernel, (width, -1))) + out_dense.bias
         return tf.reshape(out, (batch, seq, -1))  # [batch, seq, H]
 
     def _attend(self, qkv, adder, batch, seq, kernels, training):
@@ -324,12 +279,12 @@ _EXPORT_WEIGHTS: "weakref.WeakKeyDictionary[keras.layers.Layer, object]" = weakr
 # threads, 80 on one); two chains x W1[:, part] -> GELU -> W2[part, :] that the executor runs side
 # by side, each on one thread, took an ELECTRA-Small layer's FFN at 12 rows from 242 to 108 us, at
 # 48 from 472 to 336; a batch-1 request 0.82x the time (AVX-512 EPYC, 2 cores; docs/benchmarks.md,
-# "Serving latency"). Other requests keep one chain (split always, a batch of 32 took ~1.1x the
-# time: its groups, `families.sentence.by_length`, already run side by side), as do the fewest
-# rows, which take the other weight layout (`NARROW_LAYOUT_ROWS`). The parts are slices of the
-# constant kernels, which TensorFlow's graph optimiser folds once at load; with variables they
-# would be copied in every call, so exports that keep variables keep one chain.
+# "Serving latency"). Larger requests keep one chain: split always, a batch of 32 took ~1.1x the
+# time (its groups, `families.sentence.by_length`, already run side by side). The parts are
+# slices of the constant kernels, which TensorFlow's graph optimiser folds once at load; with
+# variables they would be copied in every call, so exports that keep variables keep one chain.
 FFN_PARTS = 2
+SPLIT_FFN_ROWS = EIGEN_ATTENTION_ROWS  # the rows of a short request
 
 
 @contextlib.contextmanager
@@ -338,8 +293,7 @@ def export_weights(model, split_ffn: bool = False):
     exports: every `SelfAttention` reads one [H, 3 width] projection kernel and bias made here, as
     variables, instead of concatenating (and scaling) three kernels in every call; with
     `split_ffn` (for weights frozen into the graph), every `TransformerLayer` runs the
-    feed-forward of a request of `NARROW_LAYOUT_ROWS` rows in `FFN_PARTS` parts, and both
-    layers trace a form per layout range, each with constants of its own (`NARROW_LAYOUT_ROWS`).
+    feed-forward of a request of at most `SPLIT_FFN_ROWS` rows in `FFN_PARTS` parts.
 
     For exports: a signature traced inside reads the fused variables (which the SavedModel then
     holds in place of the three projections: same size) and skips a copy of every layer's Q/K/V
@@ -354,17 +308,11 @@ def export_weights(model, split_ffn: bool = False):
         for layer in layers:
             if isinstance(layer, SelfAttention):
                 kernel, bias = layer.qkv_weights()
-                values = {"kernel": kernel, "bias": bias}
-                if split_ffn:  # frozen: the output projection too, made in each form
-                    out = layer._output_dense
-                    values.update(out_kernel=tf.reshape(out.kernel, (kernel.shape[1] // 3, -1)), out_bias=out.bias)
-                _EXPORT_WEIGHTS[layer] = _ExportWeights(
-                    {k: tf.convert_to_tensor(v) for k, v in values.items()}, f"{layer.name}_fused_qkv", split_ffn)
+                _EXPORT_WEIGHTS[layer] = (
+                    tf.Variable(kernel, trainable=False, name=f"{layer.name}_fused_qkv_kernel"),
+                    tf.Variable(bias, trainable=False, name=f"{layer.name}_fused_qkv_bias"))
             else:
-                inner, outer = layer.intermediate, layer.output_dense
-                _EXPORT_WEIGHTS[layer] = _ExportWeights(
-                    {"kernel": inner.kernel, "bias": inner.bias, "kernel_out": outer.kernel, "bias_out": outer.bias},
-                    layer.name, frozen=True)
+                _EXPORT_WEIGHTS[layer] = True
         yield
     finally:
         for layer in layers:
@@ -443,24 +391,16 @@ class TransformerLayer(keras.layers.Layer):
         def whole():
             return tf.nn.bias_add(chain(inner.kernel, inner.bias, outer.kernel), outer.bias)
 
-        exported = None if training else _EXPORT_WEIGHTS.get(self)
-        if exported is None:
+        if training or not _EXPORT_WEIGHTS.get(self):
             out = whole()
-        else:  # an export's short requests: chains the executor runs side by side; each form
-            # makes its own constants (`NARROW_LAYOUT_ROWS`)
-            def split():
-                w = exported.tensors(rows.dtype)
-                size = w["kernel"].shape[-1]
-                bounds = [size * i // FFN_PARTS for i in range(FFN_PARTS + 1)]
-                parts = [(w["kernel"][:, a:b], w["bias"][a:b], w["kernel_out"][a:b, :])
-                         for a, b in zip(bounds, bounds[1:])]
-                return tf.nn.bias_add(tf.add_n([chain(*p) for p in parts]), w["bias_out"])
-
-            def whole_exported():
-                w = exported.tensors(rows.dtype)
-                return tf.nn.bias_add(chain(w["kernel"], w["bias"], w["kernel_out"]), w["bias_out"])
-
-            out = tf.cond(_narrow(tf.shape(rows)[0]), split, whole_exported)
+        else:  # an export's short requests: chains the executor runs side by side
+            size = inner.kernel.shape[-1]
+            bounds = [size * i // FFN_PARTS for i in range(FFN_PARTS + 1)]
+            parts = [(inner.kernel[:, a:b], inner.bias[a:b], outer.kernel[a:b, :])
+                     for a, b in zip(bounds, bounds[1:])]
+            out = tf.cond(tf.shape(rows)[0] <= SPLIT_FFN_ROWS,
+                          lambda: tf.nn.bias_add(tf.add_n([chain(*p) for p in parts]), outer.bias),
+                          whole)
         return tf.reshape(out, tf.shape(x))  # the FFN maps H back to H
 
     def get_config(self):
