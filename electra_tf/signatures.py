@@ -127,7 +127,23 @@ class FrozenHead:
         spec = [tf.TensorSpec(shape, tf.int32, name=k) for k in INPUT_KEYS]
         traced = tf.function(forward, autograph=False).get_concrete_function(*spec)
         self._outputs = traced.structured_outputs
-        self._fn = convert_variables_to_constants_v2(traced)
+        frozen = convert_variables_to_constants_v2(traced)
+
+        def frozen_head(*ids):
+            return frozen(*ids)
+
+        # Called, not inlined: a signature reaches the head from up to three places (a short
+        # batch, the first group and the loop of `by_length`), and TensorFlow inlines a called
+        # function at each, copying and optimising the weights' constants once per place when
+        # a signature is first called. Not inlined, a signature's call sites share one
+        # instance. On a 2.0 GHz Xeon (avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16
+        # avx_vnni amx_tile amx_bf16), ELECTRA-Small classifier, `tf.saved_model.load` (as
+        # electra-serve): each signature's first call 7.6 s instead of 15-18, its warmup 27 s
+        # instead of 55, the process 3.9 GB after it instead of 5.1; requests 0.98x the time
+        # (docs/benchmarks.md, "The first call of each signature"). TF Serving's Session path
+        # takes as long either way (~15 s per signature).
+        self._fn = tf.function(frozen_head, autograph=False,
+                               experimental_attributes={"_noinline": True}).get_concrete_function(*spec)
 
     def __call__(self, inputs, training=False):
         if training:

@@ -152,5 +152,11 @@ def _resume_gc() -> None:
 
 def trim_heap(size: int) -> None:
     """After a request of `size` bytes: hand the freed heap back to the system if it was large."""
-    if size >= _LARGE_BYTES and _TRIM is not None:
+    if size >= _LARGE_BYTES:
+        release_freed_heap()
+
+
+def release_freed_heap() -> None:
+    """Hand the heap freed so far back to the system (glibc's malloc_trim; elsewhere nothing)."""
+    if _TRIM is not None:
         _TRIM(0)

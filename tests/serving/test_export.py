@@ -17,6 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
 from electra_tf.config import ElectraConfig
 from electra_tf.data.inputs import INPUT_KEYS
@@ -889,6 +890,16 @@ def test_weights_are_frozen_into_the_graph_unless_asked_or_too_large(cases, expo
     assert json.load(open(os.path.join(frozen_path, E.EXPORT_REPORT)))["frozen"] is True
     frozen = tf.saved_model.load(frozen_path)
     assert len(frozen.variables) == 0
+    # The weights' function is called, never inlined: a signature's call sites share one
+    # instance of it (`FrozenHead`).
+    saved = saved_model_pb2.SavedModel()
+    with open(os.path.join(frozen_path, "saved_model.pb"), "rb") as f:
+        saved.ParseFromString(f.read())
+    library = {f.signature.name: f for f in saved.meta_graphs[0].graph_def.library.function}
+    weights = max(library, key=lambda name: library[name].ByteSize())
+    callers = [name for name, f in library.items()
+               if any(a.func.name == weights for node in f.node_def for a in node.attr.values())]
+    assert callers and all(library[name].attr["_noinline"].b for name in callers), callers
     info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
     kept_path = E.export_head(case.head, info, vocab_file, export_base, "kept", freeze=False,
                               verbose=False)
