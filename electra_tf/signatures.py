@@ -132,11 +132,11 @@ class FrozenHead:
         def frozen_head(*ids):
             return frozen(*ids)
 
-        # Called, not inlined: a signature reaches the head from up to three places (a short
-        # batch, the first group and the loop of `by_length`), and TensorFlow inlines a called
-        # function at each, copying and optimising the weights' constants once per place when
-        # a signature is first called. Not inlined, a signature's call sites share one
-        # instance. On a 2.0 GHz Xeon (avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16
+        # Called, not inlined: a signature reaches the head from more than one place (the
+        # first group and the loop of `by_length`; a short batch was a third), and TensorFlow
+        # inlines a called function at each, copying and optimising the weights' constants
+        # once per place when a signature is first called. Not inlined, a signature's call
+        # sites share one instance. On a 2.0 GHz Xeon (avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16
         # avx_vnni amx_tile amx_bf16), ELECTRA-Small classifier, `tf.saved_model.load` (as
         # electra-serve): each signature's first call 7.6 s instead of 15-18, its warmup 27 s
         # instead of 55, the process 3.9 GB after it instead of 5.1; requests 0.98x the time

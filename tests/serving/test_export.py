@@ -900,6 +900,17 @@ def test_weights_are_frozen_into_the_graph_unless_asked_or_too_large(cases, expo
     callers = [name for name, f in library.items()
                if any(a.func.name == weights for node in f.node_def for a in node.attr.values())]
     assert callers and all(library[name].attr["_noinline"].b for name in callers), callers
+    # And few functions reach them: TensorFlow's loader copies the weights into the graph of
+    # each (per signature its wrapper, its body and `by_length`'s loop body).
+    calls = {name: {a.func.name for node in f.node_def for a in node.attr.values() if a.func.name}
+             for name, f in library.items()}
+    reaching, grew = set(callers), True
+    while grew:
+        more = {name for name, called in calls.items() if called & reaching} - reaching
+        reaching |= more
+        grew = bool(more)
+    signature_count = len([k for k in saved.meta_graphs[0].signature_def if not k.startswith("__")])
+    assert len(reaching) <= 1 + 3 * signature_count, sorted(reaching)
     info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
     kept_path = E.export_head(case.head, info, vocab_file, export_base, "kept", freeze=False,
                               verbose=False)

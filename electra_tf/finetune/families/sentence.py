@@ -48,35 +48,30 @@ def by_length(head, inputs: dict, rows: int = BY_LENGTH_ROWS) -> dict:
     positions = tf.range(1, tf.shape(mask)[1] + 1)[None, :]
     lengths = tf.reduce_max(mask * positions, axis=1)  # one past the last unmasked position
 
-    def run(rows_of, width):
-        width = tf.maximum(width, 1)
-        return dict(head({k: rows_of(v)[:, :width] for k, v in inputs.items()}, training=False))
+    order = tf.argsort(lengths, stable=True)
+    groups = (batch + rows - 1) // rows
 
-    def whole():
-        return run(lambda v: v, tf.reduce_max(lengths))
+    # No `tf.cond` for a batch of at most `rows` rows (one group; the loop below runs no
+    # iteration): the head has two call sites, and a SavedModel loaded with
+    # `tf.saved_model.load` copies a frozen head's weights into every function that reaches
+    # them (docs/benchmarks.md, "The first call of each signature").
+    def group(i):
+        index = order[i * rows:tf.minimum((i + 1) * rows, batch)]
+        width = tf.maximum(tf.reduce_max(tf.gather(lengths, index)), 1)
+        return dict(head({k: tf.gather(v, index)[:, :width] for k, v in inputs.items()}, training=False))
 
-    def in_order():
-        order = tf.argsort(lengths, stable=True)
-        groups = (batch + rows - 1) // rows
+    first = group(0)
+    parts = {k: tf.TensorArray(v.dtype, size=tf.maximum(groups, 1), infer_shape=False,  # 0 rows: one empty group
+                               element_shape=tf.TensorShape([None]).concatenate(v.shape[1:])).write(0, v)
+             for k, v in first.items()}
 
-        def group(i):
-            index = order[i * rows:tf.minimum((i + 1) * rows, batch)]
-            return run(lambda v: tf.gather(v, index), tf.reduce_max(tf.gather(lengths, index)))
+    def step(i, parts):
+        outputs = group(i)
+        return i + 1, {k: part.write(i, outputs[k]) for k, part in parts.items()}
 
-        first = group(0)
-        parts = {k: tf.TensorArray(v.dtype, size=groups, infer_shape=False,
-                                   element_shape=tf.TensorShape([None]).concatenate(v.shape[1:])).write(0, v)
-                 for k, v in first.items()}
-
-        def step(i, parts):
-            outputs = group(i)
-            return i + 1, {k: part.write(i, outputs[k]) for k, part in parts.items()}
-
-        _, parts = tf.while_loop(lambda i, _: i < groups, step, (tf.constant(1), parts))
-        back = tf.math.invert_permutation(order)
-        return {k: tf.gather(part.concat(), back) for k, part in parts.items()}
-
-    return tf.cond(batch > rows, in_order, whole)
+    _, parts = tf.while_loop(lambda i, _: i < groups, step, (tf.constant(1), parts))
+    back = tf.math.invert_permutation(order)
+    return {k: tf.gather(part.concat(), back) for k, part in parts.items()}
 
 
 class SentenceFamily(TaskFamily):
