@@ -136,12 +136,12 @@ class FrozenHead:
         # first group and the loop of `by_length`; a short batch was a third), and TensorFlow
         # inlines a called function at each, copying and optimising the weights' constants
         # once per place when a signature is first called. Not inlined, a signature's call
-        # sites share one instance. On a 2.0 GHz Xeon (avx2 fma avx512f avx512_vnni avx512_bf16 avx512_fp16
-        # avx_vnni amx_tile amx_bf16), ELECTRA-Small classifier, `tf.saved_model.load` (as
-        # electra-serve): each signature's first call 7.6 s instead of 15-18, its warmup 27 s
-        # instead of 55, the process 3.9 GB after it instead of 5.1; requests 0.98x the time
-        # (docs/benchmarks.md, "The first call of each signature"). TF Serving's Session path
-        # takes as long either way (~15 s per signature).
+        # sites share one instance. On a 2.0 GHz Xeon (avx2 fma avx512f avx512_vnni
+        # avx512_bf16 avx512_fp16 avx_vnni amx_tile amx_bf16), ELECTRA-Small classifier,
+        # `tf.saved_model.load` (as electra-serve): each signature's first call 7.6 s instead
+        # of 15-18, its warmup 27 s instead of 55, the process 3.9 GB after it instead of 5.1;
+        # requests 0.98x the time (docs/benchmarks.md, "The first call of each signature").
+        # TF Serving's Session path takes as long either way (~15 s per signature).
         self._fn = tf.function(frozen_head, autograph=False,
                                experimental_attributes={"_noinline": True}).get_concrete_function(*spec)
 

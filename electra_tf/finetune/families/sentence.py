@@ -60,8 +60,8 @@ def by_length(head, inputs: dict, rows: int = BY_LENGTH_ROWS) -> dict:
         width = tf.maximum(tf.reduce_max(tf.gather(lengths, index)), 1)
         return dict(head({k: tf.gather(v, index)[:, :width] for k, v in inputs.items()}, training=False))
 
-    first = group(0)
-    parts = {k: tf.TensorArray(v.dtype, size=tf.maximum(groups, 1), infer_shape=False,  # 0 rows: one empty group
+    first = group(0)  # of 0 rows too: one empty group
+    parts = {k: tf.TensorArray(v.dtype, size=tf.maximum(groups, 1), infer_shape=False,
                                element_shape=tf.TensorShape([None]).concatenate(v.shape[1:])).write(0, v)
              for k, v in first.items()}
 
