@@ -1394,6 +1394,50 @@ def test_a_failing_warmup_request_fails_the_load(exports, tmp_path):
         assert "\n" not in message
 
 
+def test_an_unloaded_or_failed_version_is_freed_at_once(exports, tmp_path, monkeypatch):
+    """A loaded SavedModel's objects hold each other in cycles: a version the server drops (a newer
+    one replaced it, or its warmup failed) must be collected when it is dropped, not whenever
+    Python's collector next runs a full pass (an ELECTRA-Small server grew from 2.5 to 5.6 GB over
+    four version changes). Automatic collection is off here, so only the server's own frees it."""
+    import gc
+    import shutil
+    import weakref
+
+    from electra_tf import warmup as W
+    from electra_tf.serving import manager as M
+
+    loaded = {}
+
+    class Recorded(M.Servable):
+        def __init__(self, name, version, path):
+            super().__init__(name, version, path)
+            # The signature's graph: the loaded root goes by reference counting, its graphs only
+            # with a collection (~35,000 objects for ELECTRA-Small).
+            loaded[version] = weakref.ref(self._loaded.signatures["serving_default"].graph)
+
+    monkeypatch.setattr(M, "Servable", Recorded)
+    base = tmp_path / "m"
+    shutil.copytree(exports["classification"], base / "1")
+    manager = M.ModelManager([M.ModelConfig("m", str(base))])
+    gc.collect()
+    gc.disable()
+    try:
+        manager.poll()
+        assert loaded[1]() is not None  # serving
+        shutil.copytree(exports["classification"], base / "2")
+        manager.poll()  # version 2 loads, version 1 is unloaded
+        assert loaded[2]() is not None and loaded[1]() is None
+        shutil.copytree(exports["classification"], base / "3")
+        with tf.io.TFRecordWriter(str(base / "3" / W.WARMUP_FILE)) as writer:
+            writer.write(b"\xff\xff not a proto")
+        manager.poll()  # version 3 loads, its warmup fails: dropped, version 2 keeps serving
+        statuses = {s.version: s for s in manager.status("m", None).model_version_status}
+        assert statuses[3].state != statuses[3].AVAILABLE and statuses[2].state == statuses[2].AVAILABLE
+        assert loaded[3]() is None and loaded[2]() is not None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.slow
 def test_the_first_request_to_a_new_version_is_warm(exports, tmp_path):
     """electra-serve replays the warmup file before AVAILABLE, so the first request after a load
