@@ -382,6 +382,17 @@ class GrpcClient(_Client):
         response = self._rpc(self.model_stub.GetModelStatus, request)
         return json_format.MessageToDict(response, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
+    def reload_config(self, configs: Sequence) -> None:
+        """TF Serving's ModelService.HandleReloadConfigRequest: `configs` (serving.model_config
+        ModelConfigs; [] unloads every model) become the served models; returns once the new ones
+        are AVAILABLE. ServingRequestError with the server's code and words otherwise."""
+        from tensorflow_serving.apis import model_management_pb2
+
+        request = model_management_pb2.ReloadConfigRequest()
+        request.config.model_config_list.SetInParent()
+        request.config.model_config_list.config.extend(c.to_proto() for c in configs)
+        self._rpc(self.model_stub.HandleReloadConfigRequest, request)
+
     def metadata_proto(self, version: Version = None):
         from tensorflow_serving.apis import get_model_metadata_pb2
 

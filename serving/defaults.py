@@ -42,6 +42,8 @@ _LIMITS = {
     # <= 0 polls once; infinity and NaN are refused (they stopped the polling thread).
     "poll_interval_seconds": (_seconds(positive=False), f"must be a finite number of seconds <= {_MAX_SECONDS:g}"
                               " (<= 0: look for versions once, at start)"),
+    "model_config_poll_seconds": (_seconds(positive=False), f"must be a finite number of seconds <= {_MAX_SECONDS:g}"
+                                  " (<= 0: read the model config once, at start)"),
     "rest_port": (_count(0, 65535), "must be a port from 0 to 65535 (0: pick a free one)"),
     "grpc_port": (_count(0, 65535), "must be a port from 0 to 65535 (0: pick a free one)"),
 }

@@ -58,6 +58,14 @@ def unavailable(message: str) -> ServingError:
     return ServingError(grpc.StatusCode.UNAVAILABLE, message)
 
 
+def failed_precondition(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.FAILED_PRECONDITION, message)
+
+
+def unknown(message: str) -> ServingError:
+    return ServingError(grpc.StatusCode.UNKNOWN, message)
+
+
 # TF Serving's mapping of status codes to HTTP (util/net_http/.../status_code_util).
 HTTP_STATUS = {
     grpc.StatusCode.OK: 200,

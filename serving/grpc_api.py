@@ -23,6 +23,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
+    model_management_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -33,6 +34,7 @@ from electra_tf.serving.budget import trim_heap
 from electra_tf.serving.errors import ServingError, invalid, without_paths
 from electra_tf.serving.inference_api import proto_call
 from electra_tf.serving.manager import ModelManager
+from electra_tf.serving.model_config import ModelConfig, ModelConfigError
 
 if TYPE_CHECKING:
     from electra_tf.serving.server import ModelServer
@@ -263,5 +265,26 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
             if not request.model_spec.name:
                 raise invalid("model_spec.name is required")
             return self.app.manager.status(request.model_spec.name, _grpc_version(request.model_spec, self.app.manager))
+
+        return _grpc_call(context, run)
+
+    def HandleReloadConfigRequest(self, data, context):  # noqa: N802
+        """TF Serving's: a ModelConfigList replaces the served models (`ModelManager.reload`;
+        an empty list unloads them all); any other kind of config, none included, is
+        INVALID_ARGUMENT with TF Serving's words. The answer, once the new models are AVAILABLE,
+        carries an OK status; a failure is the call's status, as TF Serving returns it."""
+        def run():
+            request = _parse(model_management_pb2.ReloadConfigRequest, data)
+            if request.config.WhichOneof("config") != "model_config_list":
+                raise invalid("ServerModelConfig type not supported by HandleReloadConfigRequest."
+                              " Only ModelConfigList is currently supported")
+            configs = []
+            for index, entry in enumerate(request.config.model_config_list.config):
+                try:
+                    configs.append(ModelConfig.from_proto(entry))
+                except ModelConfigError as e:
+                    raise invalid(f"model_config_list.config[{index}]: {e}") from None
+            self.app.manager.reload(configs)
+            return model_management_pb2.ReloadConfigResponse()
 
         return _grpc_call(context, run)

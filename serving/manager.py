@@ -23,9 +23,9 @@ from tensorflow_serving.apis import (
     get_model_status_pb2,
 )
 
-from electra_tf.serving.errors import invalid, not_found, shown, without_paths
+from electra_tf.serving.errors import ServingError, failed_precondition, invalid, not_found, shown, unknown, without_paths
 from electra_tf.serving.metrics import Metrics
-from electra_tf.serving.model_config import ModelConfig
+from electra_tf.serving.model_config import ModelConfig, ModelConfigError, read_models_config
 from electra_tf.serving import warmup
 from electra_tf.serving.budget import release_freed_heap
 from electra_tf.serving.servables import Servable
@@ -111,7 +111,7 @@ def _fingerprint(path: str) -> tuple:
             except OSError:
                 continue
             items.append((os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns))
-    return tuple(sorted(items))
+    return (path, *sorted(items))
 
 
 class ModelManager:
@@ -125,6 +125,7 @@ class ModelManager:
         self._poll_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._config_thread: threading.Thread | None = None
         self._unreadable: dict[str, str] = {}  # model name -> why its base path could not be listed
 
     # --- polling
@@ -139,6 +140,66 @@ class ModelManager:
                     self._poll_model(config)
                 except Exception:  # noqa: BLE001  (a poll must never kill the thread)
                     log.exception("polling model %r failed", config.name)
+
+    def reload(self, configs: Sequence[ModelConfig]) -> None:
+        """TF Serving's ReloadConfig (gRPC `ModelService.HandleReloadConfigRequest`, and the
+        models.config re-read every `--model_config_file_poll_wait_seconds`): `configs` becomes
+        the list of served models. Models left out are unloaded; new ones are loaded; the others
+        follow their new version policy and base path (a version loaded from the old base path
+        serves until the new path's copy has loaded). Returns once every new model has a version
+        AVAILABLE, as TF Serving's does.
+
+        Raises ServingError as TF Serving does: INVALID_ARGUMENT for two models of one name;
+        FAILED_PRECONDITION, changing nothing, when a label that names a version now is moved to
+        a version that is not AVAILABLE (a new label may name a version yet to load, as at start:
+        TF Serving with --allow_version_labels_for_unavailable_models; load a version, then move
+        the label);
+        UNKNOWN naming the new models that did not become available (the rest of the change
+        stands)."""
+        names = [c.name for c in configs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise invalid(f"model_config_list: duplicate model names {duplicates}")
+        with self._poll_lock:
+            for config in configs:
+                now = dict(self.configs[config.name].version_labels) if config.name in self.configs else {}
+                for label, version in config.version_labels:
+                    record = self._records.get(config.name, {}).get(version)
+                    moved = now.get(label, version) != version
+                    if moved and (record is None or record.servable is None):
+                        raise failed_precondition(
+                            f"Request to assign label to version {version} of model {shown(config.name, 200)},"
+                            " which is not currently available for inference")
+            new = [name for name in names if name not in self.configs]
+            unloaded = []
+            with self._lock:
+                for name in self.configs:
+                    if name in names:
+                        continue
+                    for version, record in self._records[name].items():
+                        if record.servable is not None:
+                            log.info("unloading %s version %d (the model left the config)", name, version)
+                            record.servable, record.state = None, _State.END
+                            unloaded.append((name, version))
+                for name in names:
+                    self._records.setdefault(name, {})
+                self.configs = {c.name: c for c in configs}
+            self.metrics.add_model_names(names)
+            if unloaded:
+                _release_unloaded()
+            log.info("model config reloaded: serving %s (new: %s, removed: %s)", names, new or "none",
+                     sorted({name for name, _ in unloaded}) or "none")
+            for config in configs:
+                try:
+                    self._poll_model(config)
+                except Exception:  # noqa: BLE001  (as a poll: logged, the other models go on)
+                    log.exception("polling model %r failed", config.name)
+            with self._lock:
+                missing = [name for name in new
+                           if not any(r.servable is not None for r in self._records[name].values())]
+        if missing:
+            raise unknown(f"{len(missing)} model(s) did not become available: {{{', '.join(missing)}}}"
+                          " (GetModelStatus gives each version's error)")
 
     def _poll_model(self, config: ModelConfig) -> None:
         records = self._records[config.name]
@@ -184,7 +245,11 @@ class ModelManager:
     def _ensure_loaded(self, name: str, version: int, path: str) -> bool:
         record = self._records[name].get(version)
         if record is not None and record.servable is not None:
-            return True
+            if record.servable.path == path:
+                return True
+            # The base path changed (a config reload): the old copy serves until this one loads.
+            log.info("%s version %d moves from %s to %s", name, version, record.servable.path, path)
+            record = None
         fingerprint = _fingerprint(path)
         if record is not None and record.error_code and record.fingerprint == fingerprint:
             return False  # failed before and unchanged since: don't retry every poll
@@ -226,7 +291,11 @@ class ModelManager:
             return False
         record.servable, record.state = servable, _State.AVAILABLE
         with self._lock:
+            replaced = self._records[name].get(version)
             self._records[name][version] = record
+        if replaced is not None and replaced.servable is not None:
+            replaced = None
+            _release_unloaded()
         if warmed is not None:
             log.info("%s version %d warmed up: %d requests of %s in %.2f s", name, version,
                      warmed[0], warmup.WARMUP_FILE, warmed[1])
@@ -244,15 +313,55 @@ class ModelManager:
         )
         self._thread.start()
 
+    def start_config_polling(self, path: str, interval_seconds: float) -> None:
+        """Re-read the models.config at `path` every `interval_seconds` and `reload` it when it
+        has changed (TF Serving's --model_config_file_poll_wait_seconds). A file that is missing
+        or does not parse is logged once and changes nothing: the served models stay."""
+        if interval_seconds <= 0:
+            return
+        self._config_thread = threading.Thread(
+            target=self._config_poll_loop, args=(path, interval_seconds, None), name="config-poller", daemon=True)
+        self._config_thread.start()
+
+    def _config_poll_loop(self, path: str, interval_seconds: float, seen: bytes | None) -> None:
+        unreadable = False
+        while not self._stop.wait(interval_seconds):
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError as e:
+                if not unreadable:  # once per outage
+                    log.error("cannot read the model config %s (%s); serving the models as they are", path,
+                              e.strerror or e)
+                unreadable = True
+                continue
+            unreadable = False
+            if data == seen:
+                continue
+            seen = data
+            try:
+                configs = read_models_config(path)
+            except (ModelConfigError, OSError) as e:
+                log.error("the model config changed but cannot be used; serving the models as they are: %s",
+                          e if isinstance(e, ModelConfigError) else f"{path}: {e.strerror or e}")
+                continue
+            if configs == list(self.configs.values()):
+                continue  # the same models (the file rewritten, or what the server started with)
+            try:
+                self.reload(configs)
+            except ServingError as e:
+                log.error("reloading the model config %s: %s", path, e.message)
+
     def _poll_loop(self, interval_seconds: float) -> None:
         while not self._stop.wait(interval_seconds):
             self.poll()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        for thread in (self._thread, self._config_thread):
+            if thread is not None:
+                thread.join()
+        self._thread = self._config_thread = None
 
     # --- lookups
 

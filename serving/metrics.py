@@ -204,6 +204,10 @@ class Metrics:
             self.registry.register(self)
             prometheus_client.ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, ...
 
+    def add_model_names(self, names: Iterable[str]) -> None:
+        """Count requests for these models under their names too (models added by a config reload)."""
+        self._model_names = self._model_names | frozenset(names)
+
     # --- recording
 
     def _add(self, name: str, labels: tuple[str, ...], value: float) -> None:

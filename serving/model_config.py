@@ -216,6 +216,12 @@ def parse_models_config(text: str) -> list[ModelConfig]:
         text_format.Parse(text, server_config)
     except text_format.ParseError as e:
         raise ModelConfigError(_parse_error(e)) from None
+    return configs_from_proto(server_config)
+
+
+def configs_from_proto(server_config: model_server_config_pb2.ModelServerConfig) -> list[ModelConfig]:
+    """The validated `ModelConfig`s of a ModelServerConfig (a parsed models.config, or the
+    config of a ReloadConfigRequest); ModelConfigError naming the field otherwise."""
     if server_config.WhichOneof("config") != "model_config_list":
         what = server_config.WhichOneof("config")
         raise ModelConfigError("no model_config_list (the file holds no model)" if what is None

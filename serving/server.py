@@ -102,6 +102,9 @@ class ModelServer:
         grpc_threads: gRPC worker pool size.
         metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
+        model_config_file: the models.config `models` came from, re-read every
+            `model_config_poll_seconds` (> 0) and reloaded when it changes, as TF Serving's
+            `--model_config_file_poll_wait_seconds` (`ModelManager.start_config_polling`).
 
     Example:
 
@@ -127,6 +130,8 @@ class ModelServer:
         batching: BatchingParameters | None = None,
         grpc_threads: int = 16,
         metrics_path: str | None = None,
+        model_config_file: str | None = None,
+        model_config_poll_seconds: float = 0.0,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -136,14 +141,10 @@ class ModelServer:
         limits = {"max_body_bytes": max_body_bytes, "max_batch_size": max_batch_size,
                   "rest_idle_timeout_seconds": rest_idle_timeout_seconds, "rest_max_connections": rest_max_connections,
                   "model_threads": model_threads or 0, "grpc_threads": grpc_threads,
-                  "poll_interval_seconds": poll_interval_seconds, "rest_port": rest_port or 0, "grpc_port": grpc_port or 0}
+                  "poll_interval_seconds": poll_interval_seconds, "model_config_poll_seconds": model_config_poll_seconds, "rest_port": rest_port or 0, "grpc_port": grpc_port or 0}
         for name, value in limits.items():
             if (error := limit_error(name, value)) is not None:
                 raise ValueError(f"{name} {error}")
-        for config in models:
-            if config.version_labels:  # TF Serving's; checked (serving.model_config) but not resolved here
-                log.warning("model %r: version_labels %s are not served by this server; requests by label get"
-                            " NOT_FOUND", config.name, dict(config.version_labels))
         self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
         self.manager = ModelManager(models, metrics=self.metrics)
         self.host = host
@@ -157,6 +158,7 @@ class ModelServer:
         self.scheduler: Batcher | Unbatched | None = None
         self._requested_ports = (rest_port, grpc_port)
         self._poll_interval = poll_interval_seconds
+        self._model_config = (model_config_file, model_config_poll_seconds)
         self._grpc_threads = grpc_threads
         self._rest: RestServer | None = None
         self._rest_thread: threading.Thread | None = None
@@ -224,6 +226,8 @@ class ModelServer:
             self.stop()
             raise
         self.manager.start_polling(self._poll_interval)
+        if self._model_config[0] is not None:
+            self.manager.start_config_polling(*self._model_config)
         return self
 
     def stop(self, grace_seconds: float = 2.0) -> None:

@@ -47,6 +47,11 @@ flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 exposes the s
 flags.DEFINE_float("file_system_poll_wait_seconds", 1.0,
                    "Seconds between polls for new versions (<= 0: once). A base path that cannot be listed"
                    " keeps the loaded versions serving until it is back.")
+flags.DEFINE_float("model_config_file_poll_wait_seconds", 0.0,
+                   "With --model_config_file: seconds between reads of the file; a changed file replaces the"
+                   " served models (those left out unloaded, new ones loaded), as TF Serving's flag and its gRPC"
+                   " ModelService.HandleReloadConfigRequest. A file that does not parse is logged and changes"
+                   " nothing. <= 0: read once, at start.")
 flags.DEFINE_integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, "Largest REST body (413 above) and gRPC message.")
 flags.DEFINE_integer("max_batch_size", DEFAULT_MAX_BATCH_SIZE, "Largest batch per request (400 above).")
 flags.DEFINE_float("rest_idle_timeout_seconds", DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
@@ -89,6 +94,7 @@ _LIMIT_FLAGS = {
     "rest_idle_timeout_seconds": "rest_idle_timeout_seconds", "rest_max_connections": "rest_max_connections",
     "model_threads": "model_threads", "grpc_threads": "grpc_threads",
     "file_system_poll_wait_seconds": "poll_interval_seconds", "rest_api_port": "rest_port", "port": "grpc_port",
+    "model_config_file_poll_wait_seconds": "model_config_poll_seconds",
 }
 
 
@@ -145,6 +151,8 @@ def main(argv):
         if FLAGS[name].value < 0:
             raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
     models = served_models()
+    if FLAGS.model_config_file_poll_wait_seconds > 0 and not FLAGS.model_config_file:
+        logging.warning("--model_config_file_poll_wait_seconds is ignored without --model_config_file")
     batching = None
     if FLAGS.enable_batching:
         try:
@@ -184,6 +192,8 @@ def main(argv):
         batching=batching,
         grpc_threads=FLAGS.grpc_threads,
         metrics_path=metrics_path,
+        model_config_file=FLAGS.model_config_file,
+        model_config_poll_seconds=FLAGS.model_config_file_poll_wait_seconds,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls

@@ -481,6 +481,121 @@ def test_version_labels_of_models_config_name_versions_over_rest_and_grpc(model_
                     client.predict({"text": [b"a b"]}, "single_text", "beta")
 
 
+def test_a_reloaded_config_adds_removes_moves_and_relabels_models_as_tf_serving_does(
+        model_templates, install_version, tmp_path):
+    """ModelService.HandleReloadConfigRequest, sent with TF Serving's own stubs: the list it
+    carries becomes the served models, the call returns once new models are AVAILABLE, and its
+    refusals are TF Serving's (codes and words); what serves is untouched by a refused one."""
+    from tensorflow_serving.apis import model_management_pb2
+
+    base = str(tmp_path / "tiny")
+    for version in (1, 2):
+        install_version(model_templates, base, version)
+    other = str(tmp_path / "other")
+    install_version(model_templates, other, 1, source_version=2)
+    moved = str(tmp_path / "moved")
+    install_version(model_templates, moved, 2, source_version=1)  # version 2 there answers as version 1
+    ghost = str(tmp_path / "ghost")
+    os.makedirs(ghost)  # no version yet
+    M = model_config.ModelConfig
+    with ModelServer(models=[M("tiny", base, "specific", (1,))]) as server, \
+            grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+
+        def reload(*configs, raw=None):
+            request = raw or model_management_pb2.ReloadConfigRequest()
+            if raw is None:
+                request.config.model_config_list.SetInParent()
+                request.config.model_config_list.config.extend(c.to_proto() for c in configs)
+            try:
+                return stub.HandleReloadConfigRequest(request, timeout=60).status.error_code, ""
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+
+        def states(name):
+            return {s["version"]: s["state"] for s in http(server, "GET", f"/v1/models/{name}")[1]["model_version_status"]}
+
+        def answer(name):
+            return http(server, "POST", f"/v1/models/{name}:predict", PAIR)
+
+        as_version = {1: answer("tiny")}
+        assert reload(M("tiny", base, "specific", (2,)), M("other", other)) == (0, "")
+        assert states("tiny") == {"2": "AVAILABLE", "1": "END"} and states("other") == {"1": "AVAILABLE"}
+        as_version[2] = answer("tiny")
+        assert as_version[2][0] == 200 and as_version[2] != as_version[1]
+        assert answer("other") == as_version[2]  # a copy of version 2
+
+        # Labels as TF Serving's --allow_version_labels_for_unavailable_models (this server's
+        # behaviour at start): a label that serves may not move to a version that does not.
+        assert reload(M("tiny", base, "specific", (2,), version_labels={"stable": 2}), M("other", other)) == (0, "")
+        assert http(server, "POST", "/v1/models/tiny/labels/stable:predict", PAIR) == as_version[2]
+        serving = {"tiny": states("tiny"), "other": states("other")}
+        code, words = reload(M("tiny", base, "specific", (1, 2), version_labels={"stable": 1}), M("other", other))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION
+        assert words == "Request to assign label to version 1 of model tiny, which is not currently available for inference"
+        assert {"tiny": states("tiny"), "other": states("other")} == serving
+        assert reload(M("tiny", base, "specific", (1, 2), version_labels={"stable": 2, "canary": 1}),
+                      M("other", other)) == (0, "")  # a new label may name a version it loads
+        assert http(server, "POST", "/v1/models/tiny/labels/canary:predict", PAIR) == as_version[1]
+        assert reload(M("tiny", base, "specific", (2,)), M("other", other)) == (0, "")
+
+        code, words = reload(M("tiny", base, "specific", (2,)), M("other", other), M("ghost", ghost))
+        assert code == grpc.StatusCode.UNKNOWN and words.startswith("1 model(s) did not become available: {ghost}")
+        assert states("tiny") == serving["tiny"] and answer("other") == as_version[2]
+
+        # The base path moves: the version there replaces the one loaded from the old path.
+        assert reload(M("tiny", moved, "specific", (2,))) == (0, "")
+        assert answer("tiny") == as_version[1] and states("tiny")["2"] == "AVAILABLE"
+        assert answer("other")[0] == 404 and states("other") == {"1": "END"}  # left the config
+
+        empty = model_management_pb2.ReloadConfigRequest()
+        assert reload(raw=empty) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                     "ServerModelConfig type not supported by HandleReloadConfigRequest."
+                                     " Only ModelConfigList is currently supported")
+        twice = model_management_pb2.ReloadConfigRequest()
+        twice.config.model_config_list.config.extend([M("tiny", moved).to_proto(), M("tiny", base).to_proto()])
+        assert reload(raw=twice) == (grpc.StatusCode.INVALID_ARGUMENT, "model_config_list: duplicate model names ['tiny']")
+        relative = model_management_pb2.ReloadConfigRequest()
+        relative.config.model_config_list.config.add(name="tiny", base_path="models/tiny")
+        code, words = reload(raw=relative)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and words.startswith(
+            "model_config_list.config[0]: base_path of model 'tiny': 'models/tiny' must be absolute")
+        assert answer("tiny") == as_version[1]  # all three refused before anything changed
+
+        with GrpcClient("127.0.0.1", server.grpc_port, "tiny") as client:
+            client.reload_config([])  # TF Serving: an empty list unloads every model
+            assert answer("tiny")[0] == 404
+            client.reload_config([M("tiny", base)])
+        assert answer("tiny") == as_version[2]
+
+
+def test_the_model_config_file_is_read_again_and_a_bad_one_changes_nothing(model_templates, install_version,
+                                                                          tmp_path, caplog):
+    """--model_config_file_poll_wait_seconds: a changed models.config is reloaded; one that does not
+    parse is logged and the served models stay."""
+    base, other = str(tmp_path / "tiny"), str(tmp_path / "other")
+    install_version(model_templates, base, 1)
+    install_version(model_templates, other, 1, source_version=2)
+    M = model_config.ModelConfig
+    path = tmp_path / "models.config"
+    path.write_text(model_config.models_config_text([M("tiny", base)]))
+    caplog.set_level("ERROR", logger="electra_tf.serving.manager")
+    with ModelServer(models=model_config.read_models_config(str(path)), grpc_port=None,
+                     model_config_file=str(path), model_config_poll_seconds=0.2) as server:
+        def serves(name):
+            return http(server, "POST", f"/v1/models/{name}:predict", PAIR)[0] == 200
+
+        path.write_text(model_config.models_config_text([M("tiny", base), M("other", other)]))
+        assert _wait_for(lambda: serves("other"))
+        path.write_text('model_config_list { config { name: "tiny" base_path: "relative" } }')
+        assert _wait_for(lambda: "cannot be used" in caplog.text)
+        assert "base_path of model 'tiny': 'relative' must be absolute" in caplog.text
+        assert serves("tiny") and serves("other")
+        path.write_text(model_config.models_config_text([M("other", other)]))
+        assert _wait_for(lambda: not serves("tiny"))
+        assert serves("other")
+
+
 # ----------------------------------------------------------------------------- binaries
 
 
