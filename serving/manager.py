@@ -146,7 +146,8 @@ class ModelManager:
         models.config re-read every `--model_config_file_poll_wait_seconds`): `configs` becomes
         the list of served models. Models left out are unloaded; new ones are loaded; the others
         follow their new version policy and base path (a version loaded from the old base path
-        serves until the new path's copy has loaded). Returns once every new model has a version
+        serves until the new path's copy has loaded; if that copy fails, the version is END with
+        its error). Returns once every new model has a version
         AVAILABLE, as TF Serving's does.
 
         Raises ServingError as TF Serving does: INVALID_ARGUMENT for two models of one name;
