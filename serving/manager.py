@@ -117,7 +117,11 @@ def _fingerprint(path: str) -> tuple:
 class ModelManager:
     """Loads and unloads model versions following each model's version policy."""
 
-    def __init__(self, configs: Sequence[ModelConfig], *, metrics: Metrics | None = None):
+    def __init__(self, configs: Sequence[ModelConfig], *, metrics: Metrics | None = None,
+                 warmup_iterations: int = 1):
+        """`warmup_iterations`: how many times each warmup record runs before a version is
+        AVAILABLE (TF Serving's --num_request_iterations_for_warmup); 0 replays none (its
+        --enable_model_warmup=false)."""
         self.configs = {c.name: c for c in configs}
         self.metrics = metrics if metrics is not None else Metrics()  # serving.metrics; off by default
         self._records: dict[str, dict[int, _VersionRecord]] = {c.name: {} for c in configs}
@@ -126,6 +130,7 @@ class ModelManager:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._config_thread: threading.Thread | None = None
+        self._warmup_iterations = warmup_iterations
         self._unreadable: dict[str, str] = {}  # model name -> why its base path could not be listed
 
     # --- polling
@@ -263,7 +268,8 @@ class ModelManager:
             servable = Servable(name, version, path)
             loaded = time.monotonic() - start
             self.metrics.observe_load(path, loaded)
-            warmed = warmup.replay(servable)  # before AVAILABLE, as TF Serving
+            warmed = (warmup.replay(servable, self._warmup_iterations)  # before AVAILABLE, as TF Serving
+                      if self._warmup_iterations > 0 else None)
             if warmed is not None:
                 self.metrics.observe_warmup(path, warmed[1])
             # A signature's first call (its graph copied and optimised) frees ~0.3-0.7 GB per

@@ -102,6 +102,8 @@ class ModelServer:
         grpc_threads: gRPC worker pool size.
         metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
+        warmup_iterations: runs of each warmup record before a version is AVAILABLE (TF
+            Serving's --num_request_iterations_for_warmup); 0: no warmup (--enable_model_warmup=false).
         model_config_file: the models.config `models` came from, re-read every
             `model_config_poll_seconds` (> 0) and reloaded when it changes, as TF Serving's
             `--model_config_file_poll_wait_seconds` (`ModelManager.start_config_polling`).
@@ -132,6 +134,7 @@ class ModelServer:
         metrics_path: str | None = None,
         model_config_file: str | None = None,
         model_config_poll_seconds: float = 0.0,
+        warmup_iterations: int = 1,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -146,7 +149,7 @@ class ModelServer:
             if (error := limit_error(name, value)) is not None:
                 raise ValueError(f"{name} {error}")
         self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
-        self.manager = ModelManager(models, metrics=self.metrics)
+        self.manager = ModelManager(models, metrics=self.metrics, warmup_iterations=warmup_iterations)
         self.host = host
         self.max_body_bytes = max_body_bytes
         self.max_batch_size = max_batch_size

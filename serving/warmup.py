@@ -64,9 +64,12 @@ def _calls(record: prediction_log_pb2.PredictionLog):
         raise WarmupError(f"log type {which!r} is not a warmup request TF Serving replays")
 
 
-def replay(servable) -> tuple[int, float] | None:
-    """Runs every request of `servable.path`'s warmup file once; returns (requests, seconds),
-    or None when the version has no warmup file. Raises `WarmupError` naming the record."""
+def replay(servable, iterations: int = 1) -> tuple[int, float] | None:
+    """Runs every request of `servable.path`'s warmup file `iterations` times in a row (TF
+    Serving's --num_request_iterations_for_warmup; < 1 is 1, as there); returns (records x
+    iterations, seconds), or None when the version has no warmup file. Raises `WarmupError` naming the
+    record."""
+    iterations = max(int(iterations), 1)
     path = os.path.join(servable.path, WARMUP_FILE)
     if not os.path.isfile(path):
         return None
@@ -78,11 +81,13 @@ def replay(servable) -> tuple[int, float] | None:
         except Exception:  # noqa: BLE001  (protobuf's DecodeError and friends)
             raise WarmupError(f"{WARMUP_FILE} record {i} is not a PredictionLog") from None
         try:
-            for name, inputs in _calls(record):
-                servable.signature(name).run(inputs, _NO_BATCH_LIMIT)
+            calls = list(_calls(record))
+            for _ in range(iterations):
+                for name, inputs in calls:
+                    servable.signature(name).run(inputs, _NO_BATCH_LIMIT)
         except WarmupError as e:
             raise WarmupError(f"{WARMUP_FILE} record {i}: {e}") from None
         except Exception as e:  # noqa: BLE001  (ServingError, OpError: the load fails with it)
             raise WarmupError(f"{WARMUP_FILE} record {i} failed: {' '.join(str(e).split())}") from None
-        count += 1
+        count += iterations
     return count, time.monotonic() - start

@@ -52,6 +52,11 @@ flags.DEFINE_float("model_config_file_poll_wait_seconds", 0.0,
                    " served models (those left out unloaded, new ones loaded), as TF Serving's flag and its gRPC"
                    " ModelService.HandleReloadConfigRequest. A file that does not parse is logged and changes"
                    " nothing. <= 0: read once, at start.")
+flags.DEFINE_bool("enable_model_warmup", True,
+                  "Replay each version's assets.extra/tf_serving_warmup_requests before it is AVAILABLE"
+                  " (TF Serving's flag and default).")
+flags.DEFINE_integer("num_request_iterations_for_warmup", 1,
+                     "Times each warmup request runs (TF Serving's flag; values < 1 run it once, as there).")
 flags.DEFINE_integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, "Largest REST body (413 above) and gRPC message.")
 flags.DEFINE_integer("max_batch_size", DEFAULT_MAX_BATCH_SIZE, "Largest batch per request (400 above).")
 flags.DEFINE_float("rest_idle_timeout_seconds", DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
@@ -194,6 +199,7 @@ def main(argv):
         metrics_path=metrics_path,
         model_config_file=FLAGS.model_config_file,
         model_config_poll_seconds=FLAGS.model_config_file_poll_wait_seconds,
+        warmup_iterations=max(FLAGS.num_request_iterations_for_warmup, 1) if FLAGS.enable_model_warmup else 0,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls

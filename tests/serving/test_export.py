@@ -1394,6 +1394,45 @@ def test_a_failing_warmup_request_fails_the_load(exports, tmp_path):
         assert "\n" not in message
 
 
+def test_warmup_runs_each_record_as_often_as_asked_or_not_at_all(exports, tmp_path):
+    """TF Serving's --num_request_iterations_for_warmup (each record run N times in a row) and
+    --enable_model_warmup=false (none run: a version whose warmup file fails loads anyway)."""
+    import shutil
+
+    from electra_tf import warmup as W
+    from electra_tf.serving import warmup as replayer
+    from electra_tf.serving.manager import ModelManager
+    from electra_tf.serving.model_config import ModelConfig
+    from electra_tf.serving.servables import Servable
+
+    folder = tmp_path / "m" / "1"
+    shutil.copytree(exports["classification"], folder)
+    records = list(tf.data.TFRecordDataset(str(folder / W.WARMUP_FILE)).take(2).as_numpy_iterator())
+    with tf.io.TFRecordWriter(str(folder / W.WARMUP_FILE)) as writer:
+        for record in records:
+            writer.write(record)
+    runs = []
+
+    class Counted(Servable):  # the real signatures, each call counted
+        def signature(self, name):
+            signature = super().signature(name)
+            if not hasattr(signature, "uncounted"):
+                signature.uncounted = signature.run
+                signature.run = lambda *a, **k: (runs.append(name), signature.uncounted(*a, **k))[1]
+            return signature
+
+    assert replayer.replay(Counted("m", 1, str(folder)), 3)[0] == 6 and len(runs) == 6
+    assert replayer.replay(Counted("m", 1, str(folder)), 0)[0] == 2 and len(runs) == 8  # < 1 is once
+
+    with tf.io.TFRecordWriter(str(folder / W.WARMUP_FILE)) as writer:
+        writer.write(b"\xff\xff not a proto")
+    for iterations, state in ((1, "END"), (0, "AVAILABLE")):
+        manager = ModelManager([ModelConfig("m", str(tmp_path / "m"))], warmup_iterations=iterations)
+        manager.poll()
+        status = manager.status("m", None).model_version_status[0]
+        assert status.State.Name(status.state) == state, (iterations, status)
+
+
 def test_an_unloaded_or_failed_version_is_freed_at_once(exports, tmp_path, monkeypatch):
     """A loaded SavedModel's objects hold each other in cycles: a version the server drops (a newer
     one replaced it, or its warmup failed) must be collected when it is dropped, not whenever
