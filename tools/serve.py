@@ -155,6 +155,9 @@ def main(argv):
     for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
         if FLAGS[name].value < 0:
             raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
+    if not -2**31 <= FLAGS.num_request_iterations_for_warmup < 2**31:  # an int32 in TF Serving
+        raise _error("--num_request_iterations_for_warmup must fit TF Serving's int32 (< 2^31), got "
+                     f"{FLAGS.num_request_iterations_for_warmup}")
     models = served_models()
     if FLAGS.model_config_file_poll_wait_seconds > 0 and not FLAGS.model_config_file:
         logging.warning("--model_config_file_poll_wait_seconds is ignored without --model_config_file")
