@@ -34,7 +34,7 @@ from electra_tf.serving.budget import trim_heap
 from electra_tf.serving.errors import ServingError, invalid, without_paths
 from electra_tf.serving.inference_api import proto_call
 from electra_tf.serving.manager import ModelManager
-from electra_tf.serving.model_config import ModelConfig, ModelConfigError
+from electra_tf.serving.model_config import ModelConfigError, configs_from_proto
 
 if TYPE_CHECKING:
     from electra_tf.serving.server import ModelServer
@@ -278,12 +278,10 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):
             if request.config.WhichOneof("config") != "model_config_list":
                 raise invalid("ServerModelConfig type not supported by HandleReloadConfigRequest."
                               " Only ModelConfigList is currently supported")
-            configs = []
-            for index, entry in enumerate(request.config.model_config_list.config):
-                try:
-                    configs.append(ModelConfig.from_proto(entry))
-                except ModelConfigError as e:
-                    raise invalid(f"model_config_list.config[{index}]: {e}") from None
+            try:
+                configs = configs_from_proto(request.config, allow_empty=True)
+            except ModelConfigError as e:
+                raise invalid(str(e)) from None
             self.app.manager.reload(configs)
             return model_management_pb2.ReloadConfigResponse()
 

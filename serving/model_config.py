@@ -219,9 +219,11 @@ def parse_models_config(text: str) -> list[ModelConfig]:
     return configs_from_proto(server_config)
 
 
-def configs_from_proto(server_config: model_server_config_pb2.ModelServerConfig) -> list[ModelConfig]:
+def configs_from_proto(server_config: model_server_config_pb2.ModelServerConfig,
+                       allow_empty: bool = False) -> list[ModelConfig]:
     """The validated `ModelConfig`s of a ModelServerConfig (a parsed models.config, or the
-    config of a ReloadConfigRequest); ModelConfigError naming the field otherwise."""
+    config of a ReloadConfigRequest, where an empty list is allowed: it unloads every model);
+    ModelConfigError naming the field otherwise."""
     if server_config.WhichOneof("config") != "model_config_list":
         what = server_config.WhichOneof("config")
         raise ModelConfigError("no model_config_list (the file holds no model)" if what is None
@@ -232,7 +234,8 @@ def configs_from_proto(server_config: model_server_config_pb2.ModelServerConfig)
             configs.append(ModelConfig.from_proto(config))
         except ModelConfigError as e:
             raise ModelConfigError(f"model_config_list.config[{index}]: {e}") from None
-    models_config_proto(configs)  # the list-level checks (non-empty, unique names)
+    if configs or not allow_empty:
+        models_config_proto(configs)  # the list-level checks (non-empty, unique names)
     return configs
 
 
