@@ -18,6 +18,18 @@ A batch must not let one request's error reach the others: if the merged call fa
 its outputs cannot be split by rows, each request of the batch is run again on its own
 and gets its own answer or error.
 
+Deadlines. A request handler states how long its model calls may wait (`request_deadline`:
+the gRPC client's deadline, or the REST server's `--rest_api_timeout_in_ms`). A request still
+waiting when its deadline passes is answered at once and never runs: without batching,
+DEADLINE_EXCEEDED (TF Serving's status for a session run past its timeout); with batching,
+RESOURCE_EXHAUSTED "Run() timeout exceeded while waiting in batching queue" (TF Serving's
+words, batching_session.cc), whether the deadline passes in the queue or as its batch is
+formed. So an overloaded server spends its model calls on requests whose clients still wait.
+Two differences from TF Serving: a request of a batch whose deadline has passed is dropped
+from the batch (TF Serving runs it if another request of the batch is still in time), and a
+call that started in time runs to its end and is answered (TF Serving cancels the session
+run; a TensorFlow function called from Python cannot be cancelled).
+
 `BatchingParameters` reads TF Serving's `--batching_parameters_file` (a text
 `BatchingParameters` proto); its defaults are TF Serving's (`BasicBatchScheduler::Options`).
 
@@ -32,6 +44,8 @@ Example:
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import dataclasses
 import logging
 import math
@@ -133,34 +147,79 @@ def read_batching_parameters(path: str) -> BatchingParameters:
         return BatchingParameters.from_text(f.read(), path)
 
 
+# ----------------------------------------------------------------------------- deadlines
+
+# time.monotonic() by which the current request's model calls must have started; None: no limit.
+# A context variable: each request thread (REST connection, gRPC worker) sees its own.
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("request_deadline", default=None)
+
+BATCH_QUEUE_TIMEOUT = "Run() timeout exceeded while waiting in batching queue"  # TF Serving's words
+
+
+@contextlib.contextmanager
+def request_deadline(seconds: float | None):
+    """Model calls this thread makes in the block must start within `seconds` from now (None or
+    infinite: no limit); see the module docstring."""
+    deadline = None if seconds is None or math.isinf(seconds) else time.monotonic() + max(0.0, seconds)
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _deadline_exceeded(waited: float, what: str) -> ServingError:
+    return ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"Deadline exceeded: the request waited {waited * 1000:.0f} ms for {what} and was not run")
+
+
 # ----------------------------------------------------------------------------- unbatched
 
 
-class _FifoSlots:
+class FifoSlots:
     """At most `n` holders at once; waiters are served in arrival order."""
 
     def __init__(self, n: int):
+        self.n = n
         self._free = n
         self._waiters: collections.deque[threading.Lock] = collections.deque()
         self._lock = threading.Lock()
 
-    def __enter__(self):
+    def acquire(self, deadline: float | None = None) -> bool:
+        """Takes a slot; False (and no slot) if `deadline` (time.monotonic()) passes first."""
         with self._lock:
             if self._free and not self._waiters:
                 self._free -= 1
-                return self
+                return True
             turn = threading.Lock()
             turn.acquire()
             self._waiters.append(turn)
-        turn.acquire()  # released by the holder that hands its slot over
-        return self
+        # released by the holder that hands its slot over
+        if turn.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+            return True
+        with self._lock:
+            try:
+                self._waiters.remove(turn)
+                return False
+            except ValueError:  # handed over as the wait ended: the slot is ours, pass it on
+                pass
+        turn.acquire()
+        self.release()
+        return False
 
-    def __exit__(self, *exc):
+    def release(self) -> None:
         with self._lock:
             if self._waiters:
                 self._waiters.popleft().release()
             else:
                 self._free += 1
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
 
 
 class Unbatched:
@@ -169,11 +228,20 @@ class Unbatched:
     def __init__(self, threads: int = os.cpu_count() or 1):
         if threads < 1:
             raise ValueError(f"model threads must be >= 1, got {threads}")
-        self._slots = _FifoSlots(threads)
+        self._slots = FifoSlots(threads)
 
     def run(self, signature: ModelCall, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        with self._slots:
+        deadline = _DEADLINE.get()
+        if deadline is None:
+            with self._slots:
+                return signature.call(inputs)
+        start = time.monotonic()
+        if start >= deadline or not self._slots.acquire(deadline):
+            raise _deadline_exceeded(time.monotonic() - start, f"one of {self._slots.n} model threads")
+        try:
             return signature.call(inputs)
+        finally:
+            self._slots.release()
 
     def stop(self) -> None:
         pass
@@ -183,9 +251,10 @@ class Unbatched:
 
 
 class _Task:
-    def __init__(self, signature: ModelCall, inputs: Mapping[str, np.ndarray], rows: int):
-        self.signature, self.inputs, self.rows = signature, inputs, rows
+    def __init__(self, signature: ModelCall, inputs: Mapping[str, np.ndarray], rows: int, key: object):
+        self.signature, self.inputs, self.rows, self.key = signature, inputs, rows, key
         self.enqueued = time.monotonic()
+        self.deadline = _DEADLINE.get()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -238,7 +307,9 @@ class Batcher:
             key = (signature, tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items())))
         if rows > p.max_batch_size:
             raise invalid(f"Task size {rows} is larger than maximum batch size {p.max_batch_size}")
-        task = _Task(signature, inputs, rows)
+        task = _Task(signature, inputs, rows, key)
+        if task.deadline is not None and task.enqueued >= task.deadline:
+            raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, BATCH_QUEUE_TIMEOUT)
         with self._cond:
             if self._stopping:
                 raise unavailable("the server is stopping")
@@ -253,6 +324,15 @@ class Batcher:
             queue.tasks.append(task)
             queue.rows += rows
             self._cond.notify()
+        if task.deadline is not None and not task.done.wait(max(0.0, task.deadline - time.monotonic())):
+            with self._cond:
+                queue = self._queues.get(key)
+                if queue is not None and task in queue.tasks:  # not taken into a batch yet
+                    queue.tasks.remove(task)
+                    queue.rows -= task.rows
+                    if not queue.tasks:
+                        del self._queues[key]
+                    raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, BATCH_QUEUE_TIMEOUT)
         task.done.wait()
         if task.error is not None:
             raise task.error
@@ -276,6 +356,8 @@ class Batcher:
                 batch = self._next_batch()
             if batch is None:
                 return
+            if not batch:  # every request taken had passed its deadline
+                continue
             try:
                 self._process(batch)
             except BaseException as e:  # noqa: BLE001  (a batch thread must outlive any batch)
@@ -305,12 +387,18 @@ class Batcher:
             self._cond.wait(None if wake is None else wake - now)
 
     def _take(self, key) -> list[_Task]:
-        queue, batch, rows = self._queues[key], [], 0
+        """Under the lock: the oldest requests of `key`'s queue that fit a batch; those whose
+        deadline has passed are answered RESOURCE_EXHAUSTED instead (module docstring)."""
+        queue, batch, rows, now = self._queues[key], [], 0, time.monotonic()
         while queue.tasks and rows + queue.tasks[0].rows <= self.parameters.max_batch_size:
             task = queue.tasks.popleft()
+            queue.rows -= task.rows
+            if task.deadline is not None and now >= task.deadline:
+                task.error = ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, BATCH_QUEUE_TIMEOUT)
+                task.done.set()
+                continue
             batch.append(task)
             rows += task.rows
-        queue.rows -= rows
         if not queue.tasks:
             del self._queues[key]
         return batch

@@ -13,6 +13,7 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 1024
 DEFAULT_REST_IDLE_TIMEOUT_SECONDS = 30.0
 DEFAULT_REST_MAX_CONNECTIONS = 256
+DEFAULT_REST_API_TIMEOUT_MS = 30000  # TF Serving's --rest_api_timeout_in_ms
 
 _GRPC_MAX_MESSAGE = 2**31 - 1  # gRPC's message limits are C ints
 _MAX_SECONDS = 1e9  # ~31 years; sockets and thread waits refuse much more (time_t, threading.TIMEOUT_MAX)
@@ -38,6 +39,9 @@ _LIMITS = {
     "rest_max_connections": (_count(1), "must be >= 1"),
     "model_threads": (_count(0), "must be >= 0 (0: one per core)"),
     "grpc_threads": (_count(1), "must be >= 1"),
+    # TF Serving's int32 flags: a timeout <= 0 is none; 0 REST threads: no limit but the connections'.
+    "rest_api_timeout_ms": (_count(-2**31, 2**31 - 1), "must fit TF Serving's int32 (<= 0: no timeout)"),
+    "rest_api_num_threads": (_count(0, 2**31 - 1), "must be from 0 (no limit but --rest_max_connections) to 2^31 - 1"),
     # TF Serving: 0 polls once, < 0 never polls (and waits for models forever). Here any value
     # <= 0 polls once; infinity and NaN are refused (they stopped the polling thread).
     "poll_interval_seconds": (_seconds(positive=False), f"must be a finite number of seconds <= {_MAX_SECONDS:g}"

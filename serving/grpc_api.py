@@ -30,6 +30,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from electra_tf.serving.batching import request_deadline
 from electra_tf.serving.budget import trim_heap
 from electra_tf.serving.errors import ServingError, invalid, without_paths
 from electra_tf.serving.inference_api import proto_call
@@ -193,9 +194,16 @@ def _tensor_proto_to_array(key: str, proto: tensor_pb2.TensorProto) -> np.ndarra
         raise invalid(f"input {key!r} is not a valid {_dtype_name(proto.dtype)} TensorProto: {type(e).__name__}: {e}") from None
 
 
+_NO_DEADLINE = 1e9  # seconds: gRPC reports a call without a deadline as one this far off or more
+
+
 def _grpc_call(context, fn):
+    """`fn()`'s answer, its model calls under the client's deadline (serving.batching,
+    "Deadlines"); a ServingError or any other exception becomes the call's status."""
+    remaining = context.time_remaining()  # a very large number without a deadline
     try:
-        return fn()
+        with request_deadline(remaining if remaining is not None and remaining < _NO_DEADLINE else None):
+            return fn()
     except ServingError as e:
         context.abort(e.code, e.message)
     except Exception as e:  # noqa: BLE001

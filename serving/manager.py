@@ -118,10 +118,12 @@ class ModelManager:
     """Loads and unloads model versions following each model's version policy."""
 
     def __init__(self, configs: Sequence[ModelConfig], *, metrics: Metrics | None = None,
-                 warmup_iterations: int = 1):
+                 warmup_iterations: int = 1, allow_unavailable_labels: bool = True):
         """`warmup_iterations`: how many times each warmup record runs before a version is
         AVAILABLE (TF Serving's --num_request_iterations_for_warmup); 0 replays none (its
-        --enable_model_warmup=false)."""
+        --enable_model_warmup=false). `allow_unavailable_labels`: TF Serving's
+        --allow_version_labels_for_unavailable_models (`check_labels`)."""
+        self.allow_unavailable_labels = allow_unavailable_labels
         self.configs = {c.name: c for c in configs}
         self.metrics = metrics if metrics is not None else Metrics()  # serving.metrics; off by default
         self._records: dict[str, dict[int, _VersionRecord]] = {c.name: {} for c in configs}
@@ -156,10 +158,8 @@ class ModelManager:
         AVAILABLE, as TF Serving's does.
 
         Raises ServingError as TF Serving does: INVALID_ARGUMENT for two models of one name;
-        FAILED_PRECONDITION, changing nothing, when a label that names a version now is moved to
-        a version that is not AVAILABLE (a new label may name a version yet to load, as at start:
-        TF Serving with --allow_version_labels_for_unavailable_models; load a version, then move
-        the label);
+        FAILED_PRECONDITION, changing nothing, for a label that may not name its version
+        (`check_labels`);
         UNKNOWN naming the new models that did not become available (the rest of the change
         stands)."""
         names = [c.name for c in configs]
@@ -167,15 +167,7 @@ class ModelManager:
         if duplicates:
             raise invalid(f"model_config_list: duplicate model names {duplicates}")
         with self._poll_lock:
-            for config in configs:
-                now = dict(self.configs[config.name].version_labels) if config.name in self.configs else {}
-                for label, version in config.version_labels:
-                    record = self._records.get(config.name, {}).get(version)
-                    moved = now.get(label, version) != version
-                    if moved and (record is None or record.servable is None):
-                        raise failed_precondition(
-                            f"Request to assign label to version {version} of model {shown(config.name, 200)},"
-                            " which is not currently available for inference")
+            self.check_labels(configs)
             new = [name for name in names if name not in self.configs]
             unloaded = []
             with self._lock:
@@ -371,6 +363,26 @@ class ModelManager:
         self._thread = self._config_thread = None
 
     # --- lookups
+
+    def check_labels(self, configs: Sequence[ModelConfig]) -> None:
+        """Raises FAILED_PRECONDITION, with TF Serving's sentence (server_core.cc,
+        UpdateModelVersionLabelMap), for the first label of `configs` that may not name its
+        version, as TF Serving checks them before it loads anything: a label must name an
+        AVAILABLE version, unless `allow_unavailable_labels` (its
+        --allow_version_labels_for_unavailable_models) lets a label name one yet to load, as long
+        as the label is new or names the same version as now (load a version, then move the
+        label to it)."""
+        for config in configs:
+            now = dict(self.configs[config.name].version_labels) if config.name in self.configs else {}
+            for label, version in config.version_labels:
+                record = self._records.get(config.name, {}).get(version)
+                if record is not None and record.servable is not None:
+                    continue
+                if self.allow_unavailable_labels and now.get(label, version) == version:
+                    continue
+                raise failed_precondition(
+                    f"Request to assign label to version {version} of model {shown(config.name, 200)},"
+                    " which is not currently available for inference")
 
     def version_of_label(self, name: str, label: str) -> int:
         """The version `label` names in the model's `version_labels` (models.config), as TF

@@ -7,10 +7,12 @@ JSON is `json_api`'s (`inference_api`'s for :classify and :regress).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 from typing import TYPE_CHECKING
 
+from electra_tf.serving.batching import FifoSlots, request_deadline
 from electra_tf.serving.errors import HTTP_STATUS, ServingError, invalid, shown, without_paths
 from electra_tf.serving.inference_api import inference_json
 from electra_tf.serving.json_api import metadata_json, predict_json, status_json
@@ -25,6 +27,9 @@ _PREDICT_PATH = re.compile(
     r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?:(predict|classify|regress)$", re.I
 )
 _GET_PATH = re.compile(r"^/v1/models/([^/:]+)(?:/versions/([0-9]+)|/labels/([^/:]+))?(/metadata)?$", re.I)
+# TF Serving's --rest_api_enable_cors_support (http_rest_api_util.cc, AddCORSHeaders)
+_CORS_HEADERS = {"Access-Control-Allow-Origin": "*", "Access-Control-Allow-Methods": "POST, GET",
+                 "Access-Control-Allow-Headers": "Content-Type"}
 _INT64_MAX = 2**63 - 1
 
 
@@ -33,9 +38,14 @@ class _RestHandler(JsonRequestHandler):
 
     server_version = "electra-serve"
 
+    def extra_headers(self) -> dict:
+        return _CORS_HEADERS if self.server.app.enable_cors else {}
+
     def _handle(self, fn) -> None:
+        app, slots = self.server.app, self.server.request_slots
         try:
-            with self.server.app.metrics.request(*_metric_labels(self.command, self.path), "REST"):
+            with app.metrics.request(*_metric_labels(self.command, self.path), "REST"), \
+                    request_deadline(app.rest_timeout_seconds), slots or contextlib.nullcontext():
                 status, payload = fn()
         except ServingError as e:
             return self.send_error(HTTP_STATUS.get(e.code, 500), e.message, close=False)
@@ -88,6 +98,24 @@ class _RestHandler(JsonRequestHandler):
             return 200, predict_json(app.manager, name, v, body, app.max_batch_size, app.scheduler, app.parse_budget)
 
         self._handle(run)
+
+    def do_OPTIONS(self):  # noqa: N802
+        """A CORS preflight, answered as TF Serving does: 200 for a /v1/ path asked from an
+        http(s) origin (with the CORS headers when they are on), else 400 naming the missing
+        Origin; other paths 404."""
+        self.discard_body()
+        if not self.path.lower().startswith("/v1/"):
+            return self._reject(404, None)
+        if not re.search(r"https?://", self.headers.get("Origin", "")):
+            return self.send_error(400, "Origin header is missing in CORS preflight", close=False)
+        self._responding = True
+        self.connection.settimeout(self.server.idle_timeout_seconds)
+        self.send_response(200)
+        for key, value in self.extra_headers().items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.wfile.flush()
 
     def _reject(self, status: int, allow: str | None):
         if status == 405:
@@ -142,6 +170,8 @@ def _version(version: str | None, label: str | None, manager, name: str) -> int 
 class RestServer(ConnectionServer):
     def __init__(self, address, app: "ModelServer"):
         self.app = app
+        # --rest_api_num_threads: requests handled at once, in arrival order (None: no limit)
+        self.request_slots = FifoSlots(app.rest_api_num_threads) if app.rest_api_num_threads else None
         super().__init__(
             address, _RestHandler, idle_timeout_seconds=app.rest_idle_timeout_seconds, max_connections=app.rest_max_connections
         )

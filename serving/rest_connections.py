@@ -279,7 +279,7 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
+        for key, value in {**self.extra_headers(), **(headers or {})}.items():
             self.send_header(key, value)
         if close:
             self.send_header("Connection", "close")
@@ -288,6 +288,10 @@ class JsonRequestHandler(http.server.BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
         self.wfile.flush()
+
+    def extra_headers(self) -> dict:
+        """Headers every answer carries (none here; a subclass may add some)."""
+        return {}
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None, close: bool = True) -> None:
         """A JSON error; closes the connection unless `close` is False. Also used by http.server itself."""

@@ -58,6 +58,7 @@ from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
+    DEFAULT_REST_API_TIMEOUT_MS,
     DEFAULT_REST_MAX_CONNECTIONS,
     limit_error,
 )
@@ -100,6 +101,21 @@ class ModelServer:
         batching: TF Serving's `--enable_batching` with these parameters (see
             serving.batching); None runs each request on its own.
         grpc_threads: gRPC worker pool size.
+        rest_api_timeout_ms: how long a REST request's model calls may wait for a model thread
+            or batch (TF Serving's --rest_api_timeout_in_ms; <= 0: no limit). A gRPC request's
+            limit is its client's deadline. A request whose limit passes before its call starts
+            is answered at once (serving.batching, "Deadlines").
+        rest_api_num_threads: REST requests handled at once, the others waiting their turn in
+            arrival order (TF Serving's --rest_api_num_threads); 0: each connection's request
+            at once, up to `rest_max_connections`.
+        allow_version_labels_for_unavailable_models: TF Serving's flag: True lets a
+            `version_labels` entry name a version not loaded yet (this server's default); False
+            (TF Serving's default) refuses any label whose version is not AVAILABLE when it is
+            set, which at start is every label, as TF Serving checks before it loads (so a
+            ServingError FAILED_PRECONDITION from the constructor); see `ModelManager.check_labels`.
+        enable_cors: TF Serving's --rest_api_enable_cors_support: every REST answer allows
+            any origin (Access-Control-Allow-Origin: *, methods POST and GET, header
+            Content-Type), for a web page calling the model from a browser.
         metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
         warmup_iterations: runs of each warmup record before a version is AVAILABLE (TF
@@ -135,6 +151,10 @@ class ModelServer:
         model_config_file: str | None = None,
         model_config_poll_seconds: float = 0.0,
         warmup_iterations: int = 1,
+        rest_api_timeout_ms: int = DEFAULT_REST_API_TIMEOUT_MS,
+        rest_api_num_threads: int = 0,
+        enable_cors: bool = False,
+        allow_version_labels_for_unavailable_models: bool = True,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -144,17 +164,23 @@ class ModelServer:
         limits = {"max_body_bytes": max_body_bytes, "max_batch_size": max_batch_size,
                   "rest_idle_timeout_seconds": rest_idle_timeout_seconds, "rest_max_connections": rest_max_connections,
                   "model_threads": model_threads or 0, "grpc_threads": grpc_threads,
-                  "poll_interval_seconds": poll_interval_seconds, "model_config_poll_seconds": model_config_poll_seconds, "rest_port": rest_port or 0, "grpc_port": grpc_port or 0}
+                  "poll_interval_seconds": poll_interval_seconds, "model_config_poll_seconds": model_config_poll_seconds, "rest_port": rest_port or 0, "grpc_port": grpc_port or 0,
+                  "rest_api_timeout_ms": rest_api_timeout_ms, "rest_api_num_threads": rest_api_num_threads}
         for name, value in limits.items():
             if (error := limit_error(name, value)) is not None:
                 raise ValueError(f"{name} {error}")
         self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
-        self.manager = ModelManager(models, metrics=self.metrics, warmup_iterations=warmup_iterations)
+        self.manager = ModelManager(models, metrics=self.metrics, warmup_iterations=warmup_iterations,
+                                    allow_unavailable_labels=allow_version_labels_for_unavailable_models)
+        self.manager.check_labels(models)  # raises ServingError (FAILED_PRECONDITION) when refused
         self.host = host
         self.max_body_bytes = max_body_bytes
         self.max_batch_size = max_batch_size
         self.rest_idle_timeout_seconds = rest_idle_timeout_seconds
         self.rest_max_connections = rest_max_connections
+        self.rest_timeout_seconds = rest_api_timeout_ms / 1000 if rest_api_timeout_ms > 0 else None
+        self.rest_api_num_threads = rest_api_num_threads
+        self.enable_cors = enable_cors
         self.parse_budget = ParseBudget(max_body_bytes)  # one maximal request parsed at a time (serving.budget)
         self._model_threads = model_threads or os.cpu_count() or 1
         self.batching = batching

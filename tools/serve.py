@@ -9,7 +9,12 @@ Serving's --enable_batching and --batching_parameters_file; --rest_idle_timeout_
 --rest_max_connections and --model_threads are this server's own (serving/rest_connections.py,
 serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism are
 TF Serving's; their default differs (see `intra_op_threads`). --monitoring_config_file is TF
-Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py).
+Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py). So are
+--rest_api_timeout_in_ms (a REST request's deadline; a gRPC request has its client's: a request
+still waiting for the model when it passes is answered unrun, serving/batching.py),
+--rest_api_num_threads, --rest_api_enable_cors_support, --grpc_max_threads (= --grpc_threads) and
+--allow_version_labels_for_unavailable_models (default false as in TF Serving, which refuses every
+models.config label at start without it).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 
 Refused in one line naming the flag or file, before TensorFlow or any model loads: a flag out of
@@ -69,7 +74,20 @@ flags.DEFINE_bool("enable_batching", False, "Merge concurrent requests into batc
 flags.DEFINE_string("batching_parameters_file", None,
                     "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
                     " max_enqueued_batches, num_batch_threads) instead of TF Serving's defaults.")
-flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads.")
+flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads (also --grpc_max_threads, TF Serving's name).")
+flags.DEFINE_alias("grpc_max_threads", "grpc_threads")
+flags.DEFINE_integer("rest_api_timeout_in_ms", 30000,
+                     "How long a REST request may wait for a model thread or batch before it is answered 504 (or 429"
+                     " with batching) unrun (TF Serving's flag; <= 0: no limit). gRPC requests keep their client's deadline.")
+flags.DEFINE_integer("rest_api_num_threads", 0,
+                     "REST requests handled at once, the others waiting in arrival order (TF Serving's flag; 0: every"
+                     " connection's at once, up to --rest_max_connections).")
+flags.DEFINE_bool("allow_version_labels_for_unavailable_models", False,
+                  "Let a models.config version_labels entry name a version not loaded yet (TF Serving's flag). Without"
+                  " it, as in TF Serving, labels are refused at start (they are checked before any version loads)"
+                  " and at a reload unless their version is AVAILABLE.")
+flags.DEFINE_bool("rest_api_enable_cors_support", False,
+                  "Allow any origin in REST answers (TF Serving's flag): Access-Control-Allow-Origin: *.")
 flags.DEFINE_string("monitoring_config_file", None,
                     "A text MonitoringConfig proto (TF Serving's), e.g. prometheus_config { enable: true"
                     ' path: "/monitoring/prometheus/metrics" }: Prometheus metrics at that path on the REST port.')
@@ -100,6 +118,7 @@ _LIMIT_FLAGS = {
     "model_threads": "model_threads", "grpc_threads": "grpc_threads",
     "file_system_poll_wait_seconds": "poll_interval_seconds", "rest_api_port": "rest_port", "port": "grpc_port",
     "model_config_file_poll_wait_seconds": "model_config_poll_seconds",
+    "rest_api_timeout_in_ms": "rest_api_timeout_ms", "rest_api_num_threads": "rest_api_num_threads",
 }
 
 
@@ -159,6 +178,13 @@ def main(argv):
         raise _error("--num_request_iterations_for_warmup must fit TF Serving's int32 (< 2^31), got "
                      f"{FLAGS.num_request_iterations_for_warmup}")
     models = served_models()
+    if not FLAGS.allow_version_labels_for_unavailable_models:  # TF Serving checks labels before any load
+        for config in models:
+            for label, version in config.version_labels:
+                raise _error(f"--model_config_file {FLAGS.model_config_file}: Request to assign label to version"
+                             f" {version} of model {config.name}, which is not currently available for inference"
+                             " (as TF Serving: labels are set before versions load; pass"
+                             " --allow_version_labels_for_unavailable_models to set them at start)")
     if FLAGS.model_config_file_poll_wait_seconds > 0 and not FLAGS.model_config_file:
         logging.warning("--model_config_file_poll_wait_seconds is ignored without --model_config_file")
     batching = None
@@ -203,6 +229,10 @@ def main(argv):
         model_config_file=FLAGS.model_config_file,
         model_config_poll_seconds=FLAGS.model_config_file_poll_wait_seconds,
         warmup_iterations=max(FLAGS.num_request_iterations_for_warmup, 1) if FLAGS.enable_model_warmup else 0,
+        rest_api_timeout_ms=FLAGS.rest_api_timeout_in_ms,
+        rest_api_num_threads=FLAGS.rest_api_num_threads,
+        enable_cors=FLAGS.rest_api_enable_cors_support,
+        allow_version_labels_for_unavailable_models=FLAGS.allow_version_labels_for_unavailable_models,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls

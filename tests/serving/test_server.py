@@ -481,6 +481,35 @@ def test_version_labels_of_models_config_name_versions_over_rest_and_grpc(model_
                     client.predict({"text": [b"a b"]}, "single_text", "beta")
 
 
+def test_without_allow_version_labels_for_unavailable_models_labels_need_available_versions(
+        model_templates, install_version, tmp_path):
+    """TF Serving's default (its flag false): labels are checked before versions load, so any
+    label at start is refused, by `electra-serve` in one line before TensorFlow loads; at a reload
+    a label must name a version that is AVAILABLE then."""
+    base = str(tmp_path / "tiny")
+    install_version(model_templates, base, 1)
+    M = model_config.ModelConfig
+    labelled = M("tiny", base, "specific", (1,), version_labels={"stable": 1})
+    sentence = "Request to assign label to version 1 of model tiny, which is not currently available for inference"
+    with pytest.raises(model_server.ServingError) as e:
+        ModelServer(models=[labelled], allow_version_labels_for_unavailable_models=False)
+    assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and e.value.message == sentence
+    config_path = tmp_path / "models.config"
+    config_path.write_text(model_config.models_config_text([labelled]))
+    refused = subprocess.run([sys.executable, "-m", "electra_tf.tools.serve", f"--model_config_file={config_path}",
+                              "--rest_api_port=0", "--port=0"], capture_output=True, text=True, timeout=120)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 1 and len(lines) == 1 and sentence in lines[0], refused.stderr[-2000:]
+    assert "--allow_version_labels_for_unavailable_models" in lines[0] and str(config_path) in lines[0]
+    with ModelServer(models=[M("tiny", base, "specific", (1,))], allow_version_labels_for_unavailable_models=False) as server:
+        server.manager.reload([labelled])  # version 1 is AVAILABLE: allowed
+        assert http(server, "POST", "/v1/models/tiny/labels/stable:predict", PAIR)[0] == 200
+        install_version(model_templates, base, 2)
+        with pytest.raises(model_server.ServingError, match=sentence.replace("1 of", "2 of")):
+            server.manager.reload([M("tiny", base, "specific", (1, 2), version_labels={"canary": 2})])
+        assert server.manager.configs["tiny"] == labelled  # nothing changed
+
+
 def test_a_reloaded_config_adds_removes_moves_and_relabels_models_as_tf_serving_does(
         model_templates, install_version, tmp_path):
     """ModelService.HandleReloadConfigRequest, sent with TF Serving's own stubs: the list it

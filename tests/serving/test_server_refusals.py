@@ -110,6 +110,9 @@ def test_out_of_range_flags_equal_ports_and_a_taken_port_are_refused_before_tens
             ("--rest_idle_timeout_seconds=inf",): "--rest_idle_timeout_seconds must be",
             ("--rest_max_connections=0",): "--rest_max_connections must be >= 1",
             ("--grpc_threads=0",): "--grpc_threads must be >= 1",
+            ("--grpc_max_threads=0",): "--grpc_threads must be >= 1",  # TF Serving's name, an alias
+            ("--rest_api_num_threads=-1",): "--rest_api_num_threads must be from 0",
+            ("--rest_api_timeout_in_ms=3000000000",): "--rest_api_timeout_in_ms must fit TF Serving's int32",
             ("--model_threads=-1",): "--model_threads must be >= 0 (0: one per core)",
             ("--rest_api_port=99999",): "--rest_api_port must be a port from 0 to 65535",
             ("--port=-1",): "--port must be a port from 0 to 65535",
