@@ -20,7 +20,8 @@ and gets its own answer or error.
 
 Deadlines. A request handler states how long its model calls may wait (`request_deadline`:
 the gRPC client's deadline, or the REST server's `--rest_api_timeout_in_ms`). A request still
-waiting when its deadline passes is answered at once and never runs: without batching,
+waiting when its deadline passes (without batching: when it could no longer end in time, see
+`Unbatched`) is answered then and never runs: without batching,
 DEADLINE_EXCEEDED (TF Serving's status for a session run past its timeout); with batching,
 RESOURCE_EXHAUSTED "Run() timeout exceeded while waiting in batching queue" (TF Serving's
 words, batching_session.cc), whether the deadline passes in the queue or as its batch is
@@ -52,6 +53,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from typing import Mapping, Protocol
 
 import grpc
@@ -185,6 +187,14 @@ class FifoSlots:
         self._waiters: collections.deque[threading.Lock] = collections.deque()
         self._lock = threading.Lock()
 
+    def try_acquire(self) -> bool:
+        """Takes a slot if one is free and nobody waits for it."""
+        with self._lock:
+            if self._free and not self._waiters:
+                self._free -= 1
+                return True
+            return False
+
     def acquire(self, deadline: float | None = None) -> bool:
         """Takes a slot; False (and no slot) if `deadline` (time.monotonic()) passes first."""
         with self._lock:
@@ -223,25 +233,65 @@ class FifoSlots:
 
 
 class Unbatched:
-    """Runs each request's model call on its own, at most `threads` at once, first come first served."""
+    """Runs each request's model call on its own, at most `threads` at once, first come first served.
+
+    A request with a deadline (`request_deadline`) that has to wait for a thread waits only
+    while it could still end in time: until its deadline less what such a call took lately (the
+    lower median of the last 5 calls of its signature on as many rows), and is refused unrun
+    after. Starting it anyway would spend a model thread on an answer that arrives too late,
+    while the requests behind it wait: under overload, first-come-first-served then serves each
+    request just before its deadline, and nearly every answer misses it (docs/benchmarks.md,
+    "Deadlines under overload"). A request that finds a thread free runs if its deadline has not
+    passed, whatever the estimate: one slow call (a version's first) must not refuse the
+    requests of an idle server, whose calls then bring the estimate back."""
+
+    _RECENT = 5  # calls the estimate looks at
 
     def __init__(self, threads: int = os.cpu_count() or 1):
         if threads < 1:
             raise ValueError(f"model threads must be >= 1, got {threads}")
         self._slots = FifoSlots(threads)
+        # signature -> {rows: seconds of its last calls}; weak: an unloaded version's goes with it
+        self._seconds: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def expected_seconds(self, signature: ModelCall, rows: int | None) -> float:
+        """The lower median of the last calls of `signature` on `rows` rows; 0 before the first."""
+        recent = sorted(self._seconds.get(signature, {}).get(rows, ()))
+        return recent[(len(recent) - 1) // 2] if recent else 0.0
 
     def run(self, signature: ModelCall, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        deadline = _DEADLINE.get()
+        deadline, rows = _DEADLINE.get(), _batch_rows(inputs)
         if deadline is None:
             with self._slots:
-                return signature.call(inputs)
+                return self._timed(signature, inputs, rows)
         start = time.monotonic()
-        if start >= deadline or not self._slots.acquire(deadline):
-            raise _deadline_exceeded(time.monotonic() - start, f"one of {self._slots.n} model threads")
+        if start >= deadline:
+            raise _deadline_exceeded(0.0, f"one of {self._slots.n} model threads")
+        if not self._slots.try_acquire():  # none free: wait while the call could still end in time
+            needed = self.expected_seconds(signature, rows)
+            if not self._slots.acquire(deadline - needed):
+                waited = time.monotonic() - start
+                if needed and waited < deadline - start:
+                    raise ServingError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                       f"Deadline exceeded: the request waited {waited * 1000:.0f} ms for one of"
+                                       f" {self._slots.n} model threads and was not run, as it could no longer"
+                                       f" end in time (such a call took ~{needed * 1000:.0f} ms lately)")
+                raise _deadline_exceeded(waited, f"one of {self._slots.n} model threads")
         try:
-            return signature.call(inputs)
+            return self._timed(signature, inputs, rows)
         finally:
             self._slots.release()
+
+    def _timed(self, signature: ModelCall, inputs: Mapping[str, np.ndarray], rows: int | None):
+        start = time.monotonic()
+        outputs = signature.call(inputs)
+        seconds = time.monotonic() - start
+        try:
+            by_rows = self._seconds.setdefault(signature, {})
+        except TypeError:  # not weakly referable: no estimate
+            return outputs
+        by_rows.setdefault(rows, collections.deque(maxlen=self._RECENT)).append(seconds)
+        return outputs
 
     def stop(self) -> None:
         pass

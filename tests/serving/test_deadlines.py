@@ -96,6 +96,37 @@ def test_unbatched_a_request_that_cannot_start_in_time_is_refused_unrun_and_the_
     assert 5 not in call.ran
 
 
+def test_unbatched_does_not_start_a_call_that_could_not_end_before_its_deadline():
+    """After calls of a signature on one row took ~0.4 s, a one-row request with 0.2 s left
+    that has to wait for the thread is refused at once and unrun (starting it would answer too
+    late and hold the thread); one with time to spare waits and runs. On a free thread the same
+    request runs whatever the estimate (a slow first call must not refuse an idle server's
+    requests), and its call brings the estimate down."""
+    scheduler, call = Unbatched(threads=1), GatedCall()
+    threading.Timer(0.4, call.gate.set).start()
+    scheduler.run(call, rows(1))
+    assert 0.35 < scheduler.expected_seconds(call, 1) < 5
+    call.gate.clear()
+    holder, _ = in_thread(lambda: scheduler.run(call, rows(0)))  # the thread is busy, no estimate for 0 rows
+    call.entered.clear()
+    time.sleep(0.1)
+    start = time.monotonic()
+    with pytest.raises(ServingError) as e:
+        deadline_run(scheduler, call, rows(2), 0.2)
+    assert time.monotonic() - start < 0.1  # at once, not at the deadline
+    assert e.value.code == grpc.StatusCode.DEADLINE_EXCEEDED and "could no longer end in time" in e.value.message
+    spare, out_spare = in_thread(lambda: deadline_run(scheduler, call, rows(3), 30))
+    time.sleep(0.2)
+    call.gate.set()
+    holder.join(10), spare.join(10)
+    assert out_spare["value"]["y"].tolist() == [6]
+    # Free thread: runs with less time left than the estimate; fast calls pull the estimate down.
+    for value in (4, 5, 6):
+        assert deadline_run(scheduler, call, rows(value), 0.2)["y"].tolist() == [2 * value]
+    assert scheduler.expected_seconds(call, 1) < 0.1
+    assert sorted(call.ran) == [0, 1, 3, 4, 5, 6]  # row 2 never ran
+
+
 def test_fifo_slots_lose_no_slot_when_deadlines_end_as_slots_are_handed_over():
     """Waiters whose deadline ends as the holder hands its slot over (the race the hand-over
     check covers): after hundreds of them every slot is free again, no waiter left behind."""
