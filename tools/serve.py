@@ -172,8 +172,8 @@ def main(argv):
         if value is not None and (error := limit_error(argument, value)) is not None:
             raise _error(f"--{flag} {error}")
     for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
-        if FLAGS[name].value < 0:
-            raise app.UsageError(f"--{name} must be >= 0, got {FLAGS[name].value}")
+        if not 0 <= FLAGS[name].value < 2**31:  # TensorFlow's ConfigProto holds an int32
+            raise _error(f"--{name} must be from 0 to {2**31 - 1}, got {FLAGS[name].value}")
     if not -2**31 <= FLAGS.num_request_iterations_for_warmup < 2**31:  # an int32 in TF Serving
         raise _error("--num_request_iterations_for_warmup must fit TF Serving's int32 (< 2^31), got "
                      f"{FLAGS.num_request_iterations_for_warmup}")

@@ -704,12 +704,16 @@ def test_intra_op_threads_share_the_cores_between_concurrent_model_calls():
     assert intra_op_threads(4, concurrent_calls=2, cores=2) == 4  # an explicit value wins
 
 
-def test_serve_binary_rejects_negative_thread_counts():
-    for flag in ("--tensorflow_intra_op_parallelism=-1", "--tensorflow_inter_op_parallelism=-2"):
+def test_serve_binary_rejects_thread_counts_out_of_tensorflows_range():
+    """Negative, or past the int32 TensorFlow's ConfigProto holds (that one was a traceback)."""
+    for flag in ("--tensorflow_intra_op_parallelism=-1", "--tensorflow_inter_op_parallelism=-2",
+                 "--tensorflow_intra_op_parallelism=99999999999999999999",
+                 "--tensorflow_inter_op_parallelism=2147483648"):
         out = subprocess.run(
             [sys.executable, "-m", "electra_tf.tools.serve", "--model_base_path=/nonexistent", flag],
             cwd=REPO, env=_python_env(), capture_output=True, text=True, timeout=120,
         )
-        assert out.returncode != 0
-        assert f"{flag.split('=')[0]} must be >= 0" in out.stderr
-        assert "Traceback" not in out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+        assert lines[0] == (f"electra-serve: error: {flag.split('=')[0]} must be from 0 to 2147483647,"
+                            f" got {flag.split('=')[1]}")
