@@ -25,7 +25,7 @@ from tensorflow_serving.apis import (
 
 from electra_tf.serving.errors import ServingError, failed_precondition, invalid, not_found, shown, unknown, without_paths
 from electra_tf.serving.metrics import Metrics
-from electra_tf.serving.model_config import ModelConfig, ModelConfigError, read_models_config
+from electra_tf.serving.model_config import ModelConfig, ModelConfigError, read_models_config, unavailable_label
 from electra_tf.serving import warmup
 from electra_tf.serving.budget import release_freed_heap
 from electra_tf.serving.servables import Servable
@@ -380,9 +380,7 @@ class ModelManager:
                     continue
                 if self.allow_unavailable_labels and now.get(label, version) == version:
                     continue
-                raise failed_precondition(
-                    f"Request to assign label to version {version} of model {shown(config.name, 200)},"
-                    " which is not currently available for inference")
+                raise failed_precondition(unavailable_label(shown(config.name, 200), version))
 
     def version_of_label(self, name: str, label: str) -> int:
         """The version `label` names in the model's `version_labels` (models.config), as TF

@@ -182,6 +182,13 @@ class ModelConfig:
         return cls(config.name, config.base_path, "latest", num_versions=num, version_labels=labels)
 
 
+def unavailable_label(model_name: str, version: int) -> str:
+    """TF Serving's refusal of a label naming a version that is not AVAILABLE (server_core.cc,
+    UpdateModelVersionLabelMap)."""
+    return (f"Request to assign label to version {version} of model {model_name},"
+            " which is not currently available for inference")
+
+
 def _is_version(value) -> bool:
     """A version number as TF Serving's version folders and int64 fields hold them (0 and the
     negatives are no folder name this server reads as a version)."""

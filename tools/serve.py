@@ -178,13 +178,12 @@ def main(argv):
         raise _error("--num_request_iterations_for_warmup must fit TF Serving's int32 (< 2^31), got "
                      f"{FLAGS.num_request_iterations_for_warmup}")
     models = served_models()
-    if not FLAGS.allow_version_labels_for_unavailable_models:  # TF Serving checks labels before any load
-        for config in models:
-            for label, version in config.version_labels:
-                raise _error(f"--model_config_file {FLAGS.model_config_file}: Request to assign label to version"
-                             f" {version} of model {config.name}, which is not currently available for inference"
-                             " (as TF Serving: labels are set before versions load; pass"
-                             " --allow_version_labels_for_unavailable_models to set them at start)")
+    # TF Serving sets labels before any version loads: without the flag, any label is refused.
+    labelled = next(((c.name, v) for c in models for _, v in c.version_labels), None)
+    if labelled and not FLAGS.allow_version_labels_for_unavailable_models:
+        raise _error(f"--model_config_file {FLAGS.model_config_file}: {model_config.unavailable_label(*labelled)}"
+                     " (as TF Serving: labels are set before versions load; pass"
+                     " --allow_version_labels_for_unavailable_models to set them at start)")
     if FLAGS.model_config_file_poll_wait_seconds > 0 and not FLAGS.model_config_file:
         logging.warning("--model_config_file_poll_wait_seconds is ignored without --model_config_file")
     batching = None
