@@ -323,21 +323,45 @@ class RestClient(_Client):
         return self._call(self._url(version, f":{verb}"), body)["results"]
 
 
-class GrpcClient(_Client):
-    """TF Serving gRPC client (PredictionService + ModelService stubs)."""
+def ssl_channel_credentials(ca_file: str | None = None, cert_file: str | None = None, key_file: str | None = None):
+    """gRPC TLS credentials from PEM files: the CA that signed the server's certificate (None:
+    the system's), and this client's certificate and key for a server with client_verify."""
+    import grpc
 
-    def __init__(self, host: str, port: int, model_name: str, timeout: float = 60.0, max_message_bytes: int = 64 << 20):
+    def read(path):
+        if path is None:
+            return None
+        with open(path, "rb") as f:
+            return f.read()
+
+    return grpc.ssl_channel_credentials(read(ca_file), read(key_file), read(cert_file))
+
+
+class GrpcClient(_Client):
+    """TF Serving gRPC client (PredictionService + ModelService stubs).
+
+    `host` may be a UNIX socket, `unix:/path` (TF Serving's --grpc_socket_path; `port` is then
+    unused). `credentials` (e.g. from `ssl_channel_credentials`) connects over TLS to a server
+    started with --ssl_config_file; `ssl_target_name` is the name its certificate must carry
+    when that is not `host`."""
+
+    def __init__(self, host: str, port: int | None, model_name: str, timeout: float = 60.0,
+                 max_message_bytes: int = 64 << 20, credentials=None, ssl_target_name: str | None = None):
         super().__init__(host, port, model_name, timeout)
         import grpc
         from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
         self._grpc = grpc
-        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.channel = grpc.insecure_channel(
-            target,
-            options=[("grpc.max_send_message_length", max_message_bytes),
-                     ("grpc.max_receive_message_length", max_message_bytes)],
-        )
+        if host.startswith("unix:"):
+            target = host
+        else:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        if ssl_target_name:
+            options.append(("grpc.ssl_target_name_override", ssl_target_name))
+        self.channel = (grpc.secure_channel(target, credentials, options=options) if credentials is not None
+                        else grpc.insecure_channel(target, options=options))
         self.prediction_stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
         self.model_stub = model_service_pb2_grpc.ModelServiceStub(self.channel)
 

@@ -22,6 +22,7 @@ The modules, from the model outward:
   rest_connections.py  REST connections (thread per connection, idle timeout, cap, body limit);
   rest.py              the REST routes;
   grpc_api.py          the gRPC services and TensorProto conversion;
+  grpc_transport.py    TLS, the UNIX socket, channel arguments and the health check of the gRPC port;
   budget.py            how many request bytes are parsed at once (the memory a request may cost);
   ports.py, defaults.py  the ports and limits, checked before any model loads;
   metrics.py           Prometheus metrics under TF Serving's names (--monitoring_config_file);
@@ -64,6 +65,7 @@ from electra_tf.serving.defaults import (
 )
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
+from electra_tf.serving.grpc_transport import HealthService, SslConfig
 from electra_tf.serving.manager import ModelManager
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
@@ -120,6 +122,15 @@ class ModelServer:
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
         warmup_iterations: runs of each warmup record before a version is AVAILABLE (TF
             Serving's --num_request_iterations_for_warmup); 0: no warmup (--enable_model_warmup=false).
+        grpc_socket_path: also serve gRPC on this UNIX socket (TF Serving's --grpc_socket_path;
+            `grpc_transport.check_socket_path` vets it first). It works with grpc_port=None too.
+        grpc_channel_arguments: (key, value) gRPC server arguments (TF Serving's
+            --grpc_channel_arguments, `grpc_transport.parse_channel_arguments`); they override
+            this server's own (the message limit from `max_body_bytes`).
+        ssl: serve gRPC over TLS with this key and certificate, and require client certificates
+            signed by its CA when it says so (TF Serving's --ssl_config_file); REST stays HTTP.
+        enable_grpc_healthcheck: offer grpc.health.v1.Health/Check (TF Serving's
+            --enable_grpc_healthcheck_service, `grpc_transport.HealthService`).
         model_config_file: the models.config `models` came from, re-read every
             `model_config_poll_seconds` (> 0) and reloaded when it changes, as TF Serving's
             `--model_config_file_poll_wait_seconds` (`ModelManager.start_config_polling`).
@@ -155,6 +166,10 @@ class ModelServer:
         rest_api_num_threads: int = 0,
         enable_cors: bool = False,
         allow_version_labels_for_unavailable_models: bool = True,
+        grpc_socket_path: str | None = None,
+        grpc_channel_arguments: Sequence[tuple[str, int | str]] = (),
+        ssl: SslConfig | None = None,
+        enable_grpc_healthcheck: bool = False,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -189,6 +204,10 @@ class ModelServer:
         self._poll_interval = poll_interval_seconds
         self._model_config = (model_config_file, model_config_poll_seconds)
         self._grpc_threads = grpc_threads
+        self._grpc_socket_path = grpc_socket_path
+        self._grpc_channel_arguments = list(grpc_channel_arguments)
+        self._ssl = ssl
+        self.health = HealthService() if enable_grpc_healthcheck else None
         self._rest: RestServer | None = None
         self._rest_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
@@ -230,27 +249,8 @@ class ModelServer:
                     target=self._rest.serve_forever, kwargs={"poll_interval": 0.2}, name="rest-server", daemon=True
                 )
                 self._rest_thread.start()
-            if grpc_port is not None:
-                self._grpc = grpc.server(
-                    futures.ThreadPoolExecutor(self._grpc_threads, thread_name_prefix="grpc"),
-                    options=[
-                        ("grpc.max_receive_message_length", self.max_body_bytes),
-                        ("grpc.max_send_message_length", -1),
-                        ("grpc.so_reuseport", 0),
-                    ],
-                )
-                add_servicer(self._grpc, PredictionService(self), prediction_service_pb2.DESCRIPTOR.services_by_name["PredictionService"],
-                             self.metrics)
-                add_servicer(self._grpc, ModelService(self), model_service_pb2.DESCRIPTOR.services_by_name["ModelService"],
-                             self.metrics)
-                target = f"[{self.host}]:{grpc_port}" if ":" in self.host else f"{self.host}:{grpc_port}"
-                try:
-                    self.grpc_port = self._grpc.add_insecure_port(target)
-                except RuntimeError:  # "Failed to bind to address ..."; the reason went to the C core's log
-                    self.grpc_port = 0
-                if not self.grpc_port:
-                    raise PortError(errno.EADDRINUSE, f"gRPC port {grpc_port} on {self.host} could not be opened")
-                self._grpc.start()
+            if grpc_port is not None or self._grpc_socket_path:
+                self._start_grpc(grpc_port)
         except BaseException:
             self.stop()
             raise
@@ -259,8 +259,42 @@ class ModelServer:
             self.manager.start_config_polling(*self._model_config)
         return self
 
+    def _start_grpc(self, grpc_port: int | None) -> None:
+        options = {"grpc.max_receive_message_length": self.max_body_bytes, "grpc.max_send_message_length": -1,
+                   "grpc.so_reuseport": 0}
+        options.update(self._grpc_channel_arguments)  # the operator's word last, as TF Serving's builder
+        self._grpc = grpc.server(futures.ThreadPoolExecutor(self._grpc_threads, thread_name_prefix="grpc"),
+                                 options=list(options.items()))
+        for service, descriptor in ((PredictionService(self), prediction_service_pb2), (ModelService(self), model_service_pb2)):
+            name = type(service).__name__
+            add_servicer(self._grpc, service, descriptor.DESCRIPTOR.services_by_name[name], self.metrics)
+        if self.health is not None:
+            self.health.set_serving(True)
+            self.health.add_to(self._grpc)
+
+        def listen(address: str) -> int:
+            try:
+                if self._ssl is not None:
+                    return self._grpc.add_secure_port(address, self._ssl.credentials())
+                return self._grpc.add_insecure_port(address)
+            except RuntimeError:  # "Failed to bind to address ..."; the reason went to the C core's log
+                return 0
+
+        if grpc_port is not None:
+            target = f"[{self.host}]:{grpc_port}" if ":" in self.host else f"{self.host}:{grpc_port}"
+            self.grpc_port = listen(target)
+            if not self.grpc_port:
+                raise PortError(errno.EADDRINUSE, f"gRPC port {grpc_port} on {self.host} could not be opened")
+        if self._grpc_socket_path:
+            if not listen(f"unix:{self._grpc_socket_path}"):
+                raise PortError(errno.EADDRINUSE, f"gRPC socket {self._grpc_socket_path} could not be opened")
+            log.info("gRPC also on the UNIX socket %s", self._grpc_socket_path)
+        self._grpc.start()
+
     def stop(self, grace_seconds: float = 2.0) -> None:
         """Stop polling, finish in-flight requests (up to `grace_seconds` for gRPC), close ports."""
+        if self.health is not None:
+            self.health.set_serving(False)  # health checks during the grace period see the drain
         self.manager.stop()
         if self._grpc is not None:
             self._grpc.stop(grace_seconds).wait()

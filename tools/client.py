@@ -19,10 +19,12 @@ import re
 from absl import app, flags
 
 from electra_tf import cli
-from electra_tf.serving.client import GrpcClient, RestClient, ServingRequestError, UnreachableServerError
+from electra_tf.serving.client import (
+    GrpcClient, RestClient, ServingRequestError, UnreachableServerError, ssl_channel_credentials)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("server", "127.0.0.1:8501", "host:port of the REST or gRPC endpoint ([::1]:8501 for IPv6).")
+flags.DEFINE_string("server", "127.0.0.1:8501", "host:port of the REST or gRPC endpoint ([::1]:8501 for IPv6), or with"
+                    " --protocol=grpc unix:/path of a server's --grpc_socket_path.")
 flags.DEFINE_enum("protocol", "rest", ["rest", "grpc"], "API to use.")
 flags.DEFINE_string("model_name", "electra", "Served model name.")
 flags.DEFINE_multi_string("text", [], "An input text (repeat for a batch).")
@@ -32,6 +34,12 @@ flags.DEFINE_integer("model_version", None, "A specific version (default: the la
 flags.DEFINE_string("model_version_label", None,
                     "A version label of the server's models.config (version_labels), e.g. stable;"
                     " instead of --model_version.")
+flags.DEFINE_string("ssl_ca_file", None, "gRPC over TLS (a server's --ssl_config_file): the PEM CA that signed its"
+                    " certificate.")
+flags.DEFINE_string("ssl_cert_file", None, "gRPC over TLS: this client's PEM certificate, for a server with client_verify.")
+flags.DEFINE_string("ssl_key_file", None, "gRPC over TLS: this client's PEM private key (with --ssl_cert_file).")
+flags.DEFINE_string("ssl_target_name", None, "gRPC over TLS: the name the server's certificate carries, when it is not"
+                    " the --server host (e.g. localhost for 127.0.0.1).")
 flags.DEFINE_float("timeout_seconds", 60.0, "Seconds to wait for each answer (connecting included).")
 
 _PORT = re.compile(r"[0-9]{1,5}")  # ASCII: str.isdigit() also takes '٣'
@@ -60,10 +68,30 @@ def main(argv):
     if FLAGS.model_version_label is not None and not FLAGS.model_version_label.strip():
         raise app.UsageError("--model_version_label must name a label, got an empty one")
     version = FLAGS.model_version_label if FLAGS.model_version_label is not None else FLAGS.model_version
-    host, port = parse_server(FLAGS.server)
+    tls = [f for f in ("ssl_ca_file", "ssl_cert_file", "ssl_key_file", "ssl_target_name") if FLAGS[f].value]
+    if tls and FLAGS.protocol != "grpc":
+        raise app.UsageError(f"--{tls[0]} is for --protocol=grpc (REST is plain HTTP, as TF Serving's)")
+    if bool(FLAGS.ssl_cert_file) != bool(FLAGS.ssl_key_file):
+        raise app.UsageError("give --ssl_cert_file and --ssl_key_file together")
     where = f"{ {'rest': 'REST', 'grpc': 'gRPC'}[FLAGS.protocol]} server at {FLAGS.server}"
-    client_type = RestClient if FLAGS.protocol == "rest" else GrpcClient
-    client = client_type(host, port, FLAGS.model_name, timeout=FLAGS.timeout_seconds)
+    if FLAGS.protocol == "grpc":
+        if FLAGS.server.startswith("unix:"):
+            if len(FLAGS.server) == len("unix:"):
+                raise app.UsageError("--server unix: needs the socket's path, e.g. unix:/tmp/electra.sock")
+            host, port = FLAGS.server, None
+        else:
+            host, port = parse_server(FLAGS.server)
+        credentials = None
+        if tls:
+            try:
+                credentials = ssl_channel_credentials(FLAGS.ssl_ca_file, FLAGS.ssl_cert_file, FLAGS.ssl_key_file)
+            except OSError as e:
+                raise SystemExit(f"electra-client: error: {e.filename}: {e.strerror or e}") from None
+        client = GrpcClient(host, port, FLAGS.model_name, timeout=FLAGS.timeout_seconds, credentials=credentials,
+                            ssl_target_name=FLAGS.ssl_target_name)
+    else:
+        host, port = parse_server(FLAGS.server)
+        client = RestClient(host, port, FLAGS.model_name, timeout=FLAGS.timeout_seconds)
     try:
         results = client.classify_texts(FLAGS.text, FLAGS.text_pair, FLAGS.signature_name, version)
     except UnreachableServerError as e:

@@ -14,13 +14,16 @@ Serving's: Prometheus metrics under its names on the REST port (serving/metrics.
 still waiting for the model when it passes is answered unrun, serving/batching.py),
 --rest_api_num_threads, --rest_api_enable_cors_support, --grpc_max_threads (= --grpc_threads) and
 --allow_version_labels_for_unavailable_models (default false as in TF Serving, which refuses every
-models.config label at start without it).
+models.config label at start without it). The gRPC port takes TF Serving's --ssl_config_file (TLS,
+client certificates with client_verify), --grpc_socket_path (also a UNIX socket),
+--grpc_channel_arguments and --enable_grpc_healthcheck_service (serving/grpc_transport.py).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 
 Refused in one line naming the flag or file, before TensorFlow or any model loads: a flag out of
 its range (serving/defaults.py), a models.config that does not parse or names a model badly
 (serving/model_config.py), a local base path that does not exist (TF Serving would wait for it),
-equal REST and gRPC ports (TF Serving drops REST) and a port already in use.
+equal REST and gRPC ports (TF Serving drops REST), a port already in use, an SSL config whose key
+does not match its certificate, a socket path another server listens on or that holds a file.
 """
 
 import os
@@ -32,6 +35,7 @@ from absl import app, flags, logging
 from electra_tf import cli
 from electra_tf.serving import model_config
 from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.grpc_transport import TransportError, check_socket_path, parse_channel_arguments, read_ssl_config
 from electra_tf.serving.metrics import read_monitoring_config
 from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -91,6 +95,17 @@ flags.DEFINE_bool("rest_api_enable_cors_support", False,
 flags.DEFINE_string("monitoring_config_file", None,
                     "A text MonitoringConfig proto (TF Serving's), e.g. prometheus_config { enable: true"
                     ' path: "/monitoring/prometheus/metrics" }: Prometheus metrics at that path on the REST port.')
+flags.DEFINE_string("grpc_socket_path", None,
+                    "Also serve gRPC on this UNIX socket (TF Serving's flag); a client connects to unix:PATH.")
+flags.DEFINE_string("grpc_channel_arguments", "",
+                    "gRPC server arguments, key=value[,key=value] (TF Serving's flag), e.g."
+                    " grpc.max_connection_age_ms=60000; a value read as a 32-bit int is passed as one.")
+flags.DEFINE_string("ssl_config_file", None,
+                    "A text SSLConfig proto (TF Serving's: server_key, server_cert, custom_ca, client_verify): gRPC"
+                    " over TLS. REST stays plain HTTP, as in TF Serving.")
+flags.DEFINE_bool("enable_grpc_healthcheck_service", False,
+                  "Offer grpc.health.v1.Health/Check (TF Serving's flag): SERVING for \"\", ModelService and"
+                  " PredictionService while the server runs.")
 flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
                      "Threads one TensorFlow op may use (TF Serving's flag). 0: the cores divided by the model"
                      " calls that may run at once (--model_threads, or num_batch_threads with batching), at least 1.")
@@ -162,6 +177,28 @@ def check_base_paths(models: list[model_config.ModelConfig]) -> None:
                      " one waits for the first)")
 
 
+def grpc_transport() -> dict:
+    """ModelServer's gRPC transport arguments from the flags, each checked (serving.grpc_transport)."""
+    transport = {}
+    try:
+        transport["grpc_channel_arguments"] = parse_channel_arguments(FLAGS.grpc_channel_arguments)
+    except TransportError as e:
+        raise _error(f"--grpc_channel_arguments: {e}") from None
+    if FLAGS.grpc_socket_path:
+        try:
+            transport["grpc_socket_path"] = check_socket_path(FLAGS.grpc_socket_path)
+        except TransportError as e:
+            raise _error(f"--grpc_socket_path {e}") from None
+    if FLAGS.ssl_config_file:
+        try:
+            transport["ssl"] = read_ssl_config(FLAGS.ssl_config_file)
+        except TransportError as e:
+            raise _error(f"--ssl_config_file {FLAGS.ssl_config_file} {e}") from None
+        except OSError as e:
+            raise _error(f"--ssl_config_file {FLAGS.ssl_config_file}: {e.strerror or e}") from None
+    return transport
+
+
 def main(argv):
     del argv
     if bool(FLAGS.model_base_path) == bool(FLAGS.model_config_file):
@@ -201,6 +238,7 @@ def main(argv):
             metrics_path = read_monitoring_config(FLAGS.monitoring_config_file)
         except ValueError as e:  # one line naming the file and the fault
             raise SystemExit(f"electra-serve: error: --monitoring_config_file: {e}") from None
+    transport = grpc_transport()
     check_base_paths(models)
     try:  # before TensorFlow loads; ModelServer.start checks again, just before it binds
         check_ports(FLAGS.host, FLAGS.rest_api_port, FLAGS.port)
@@ -232,6 +270,8 @@ def main(argv):
         rest_api_num_threads=FLAGS.rest_api_num_threads,
         enable_cors=FLAGS.rest_api_enable_cors_support,
         allow_version_labels_for_unavailable_models=FLAGS.allow_version_labels_for_unavailable_models,
+        enable_grpc_healthcheck=FLAGS.enable_grpc_healthcheck_service,
+        **transport,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls
