@@ -17,6 +17,8 @@ import os
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Sequence
 
 from tensorflow_serving.apis import (
@@ -33,6 +35,14 @@ from electra_tf.serving.servables import Servable
 log = logging.getLogger(__name__)
 
 _State = get_model_status_pb2.ModelVersionStatus.State
+
+
+class _Failure(Exception):
+    """A load failure's text and TensorFlow error code, without its traceback."""
+
+    def __init__(self, message: str, error_code: int):
+        super().__init__(message)
+        self.error_code = error_code
 
 
 class _VersionRecord:
@@ -114,15 +124,41 @@ def _fingerprint(path: str) -> tuple:
     return (path, *sorted(items))
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How versions are loaded, as TF Serving's flags of the same names.
+
+    Args:
+        saved_model_tags: the tag set of the MetaGraph to load (--saved_model_tags); as TF
+            Serving, a version whose SavedModel has no MetaGraph with exactly these tags fails
+            to load.
+        max_num_load_retries: times a failed load (or warmup) is tried again before the
+            version is given up (END, with its error); TF Serving's default is 5, this API's 0
+            (electra-serve takes TF Serving's). Meanwhile the version is LOADING, as there.
+        load_retry_interval_seconds: the wait between tries (--load_retry_interval_micros /
+            1e6; <= 0: none). A stopping server, or a version folder that is gone, ends the
+            retries early.
+        num_load_threads: models loaded at once (--num_load_threads); 0 or 1 load one after
+            another. The versions of one model always load in turn.
+    """
+
+    saved_model_tags: tuple[str, ...] = ("serve",)
+    max_num_load_retries: int = 0
+    load_retry_interval_seconds: float = 60.0
+    num_load_threads: int = 0
+
+
 class ModelManager:
     """Loads and unloads model versions following each model's version policy."""
 
     def __init__(self, configs: Sequence[ModelConfig], *, metrics: Metrics | None = None,
-                 warmup_iterations: int = 1, allow_unavailable_labels: bool = True):
+                 warmup_iterations: int = 1, allow_unavailable_labels: bool = True,
+                 load_options: LoadOptions = LoadOptions()):
         """`warmup_iterations`: how many times each warmup record runs before a version is
         AVAILABLE (TF Serving's --num_request_iterations_for_warmup); 0 replays none (its
         --enable_model_warmup=false). `allow_unavailable_labels`: TF Serving's
         --allow_version_labels_for_unavailable_models (`check_labels`)."""
+        self.load_options = load_options
         self.allow_unavailable_labels = allow_unavailable_labels
         self.configs = {c.name: c for c in configs}
         self.metrics = metrics if metrics is not None else Metrics()  # serving.metrics; off by default
@@ -140,13 +176,30 @@ class ModelManager:
     def poll(self) -> None:
         """Scan every base path once; load new versions and unload removed ones."""
         with self._poll_lock:
-            for config in self.configs.values():
-                if self._stop.is_set():
-                    return
-                try:
-                    self._poll_model(config)
-                except Exception:  # noqa: BLE001  (a poll must never kill the thread)
-                    log.exception("polling model %r failed", config.name)
+            self._poll_models(list(self.configs.values()))
+
+    def _poll_models(self, configs: Sequence[ModelConfig]) -> None:
+        """`_poll_model` each of `configs`, `num_load_threads` of them at once."""
+        def poll_one(config: ModelConfig) -> None:
+            if self._stop.is_set():
+                return
+            try:
+                self._poll_model(config)
+            except Exception:  # noqa: BLE001  (a poll must never kill the thread)
+                log.exception("polling model %r failed", config.name)
+
+        threads = min(self.load_options.num_load_threads, len(configs))
+        if threads <= 1:
+            for config in configs:
+                poll_one(config)
+            return
+        with ThreadPoolExecutor(threads, thread_name_prefix="model-load") as pool:
+            list(pool.map(poll_one, configs))
+
+    def cancel_loads(self) -> None:
+        """Give up the loads under way (their retries end, the next models are not polled): for
+        a server told to stop while it loads at start."""
+        self._stop.set()
 
     def reload(self, configs: Sequence[ModelConfig]) -> None:
         """TF Serving's ReloadConfig (gRPC `ModelService.HandleReloadConfigRequest`, and the
@@ -187,11 +240,7 @@ class ModelManager:
                 _release_unloaded()
             log.info("model config reloaded: serving %s (new: %s, removed: %s)", names, new or "none",
                      sorted({name for name, _ in unloaded}) or "none")
-            for config in configs:
-                try:
-                    self._poll_model(config)
-                except Exception:  # noqa: BLE001  (as a poll: logged, the other models go on)
-                    log.exception("polling model %r failed", config.name)
+            self._poll_models(configs)  # as a poll: a failure is logged, the other models go on
             with self._lock:
                 missing = [name for name in new
                            if not any(r.servable is not None for r in self._records[name].values())]
@@ -240,24 +289,14 @@ class ModelManager:
         if unloaded:
             _release_unloaded()
 
-    def _ensure_loaded(self, name: str, version: int, path: str) -> bool:
-        record = self._records[name].get(version)
-        if record is not None and record.servable is not None:
-            if record.servable.path == path:
-                return True
-            # The base path changed (a config reload): the old copy serves until this one loads.
-            log.info("%s version %d moves from %s to %s", name, version, record.servable.path, path)
-            record = None
-        fingerprint = _fingerprint(path)
-        if record is not None and record.error_code and record.fingerprint == fingerprint:
-            return False  # failed before and unchanged since: don't retry every poll
-        record = _VersionRecord()
-        record.state = _State.LOADING
+    def _try_load(self, name: str, version: int, path: str) -> tuple[tuple | None, Exception | None]:
+        """One try at loading and warming a version: ((servable, load seconds, warmup result,
+        start time), None), or (None, the error without its traceback)."""
         log.info("loading %s version %d from %s", name, version, path)
         start = time.monotonic()
         loaded = servable = None
         try:
-            servable = Servable(name, version, path)
+            servable = Servable(name, version, path, tags=self.load_options.saved_model_tags)
             loaded = time.monotonic() - start
             self.metrics.observe_load(path, loaded)
             warmed = (warmup.replay(servable, self._warmup_iterations)  # before AVAILABLE, as TF Serving
@@ -272,21 +311,65 @@ class ModelManager:
                 self.metrics.observe_load(path, time.monotonic() - start, succeeded=False)
             elif isinstance(e, warmup.WarmupError):
                 self.metrics.observe_warmup(path, time.monotonic() - start - loaded, status="UNKNOWN")
-            # The text, not the exception: a handler that keeps records (a test's capture, a memory
-            # handler) would keep the failed version alive through its traceback.
-            log.error("%s version %d failed to load from %s, skipping it: %s", name, version, path, str(e))
-            record.state = _State.END
-            record.error_code = getattr(e, "error_code", 0) or 2  # UNKNOWN
-            # Clients read the status: the reason, without where the server keeps its files.
-            known = {path: f"<{name} version {version}>", self.configs[name].base_path: f"<{name} base path>"}
-            reason = " ".join(without_paths(str(e), known).split())  # one line
-            record.error_message = f"Failed to load version {version} of model {name}: {reason}"
-            record.fingerprint = fingerprint
-            with self._lock:
-                self._records[name][version] = record
-        if record.state == _State.END:  # failed: what it loaded goes, with the exception's frames
             servable = None
-            _release_unloaded()
+            _release_unloaded()  # what it loaded goes, with the exception's frames
+            # The exception itself would keep the failed version alive through its traceback.
+            code = e.code.value[0] if isinstance(e, ServingError) else getattr(e, "error_code", 0)
+            return None, _Failure(str(e), code)
+        return (servable, loaded, warmed, start), None
+
+    def _give_up(self, name: str, version: int, path: str, record: _VersionRecord, error: Exception,
+                 fingerprint: tuple) -> None:
+        """The version's status after its last failed try: END with the reason clients may read."""
+        record.state = _State.END
+        record.error_code = getattr(error, "error_code", 0) or 2  # UNKNOWN
+        # Clients read the status: the reason, without where the server keeps its files.
+        known = {path: f"<{name} version {version}>", self.configs[name].base_path: f"<{name} base path>"}
+        reason = " ".join(without_paths(str(error), known).split())  # one line
+        record.error_message = f"Failed to load version {version} of model {name}: {reason}"
+        record.fingerprint = fingerprint
+        with self._lock:  # also over a copy from an old base path (a config reload): END, as documented
+            self._records[name][version] = record
+
+    def _ensure_loaded(self, name: str, version: int, path: str) -> bool:
+        record = self._records[name].get(version)
+        if record is not None and record.servable is not None:
+            if record.servable.path == path:
+                return True
+            # The base path changed (a config reload): the old copy serves until this one loads.
+            log.info("%s version %d moves from %s to %s", name, version, record.servable.path, path)
+            record = None
+        fingerprint = _fingerprint(path)
+        if record is not None and record.error_code and record.fingerprint == fingerprint:
+            return False  # failed before and unchanged since: don't retry every poll
+        record = _VersionRecord()
+        record.state = _State.LOADING
+        with self._lock:  # GetModelStatus says LOADING meanwhile, unless an older copy serves
+            current = self._records[name].get(version)
+            if current is None or current.servable is None:
+                self._records[name][version] = record
+        options = self.load_options
+        servable = warmed = None
+        for attempt in range(options.max_num_load_retries + 1):
+            if attempt:
+                if self._stop.wait(max(options.load_retry_interval_seconds, 0.0)):
+                    log.info("%s version %d: retries cancelled (the server stops)", name, version)
+                    break
+                if not os.path.isdir(path):
+                    log.info("%s version %d: retries cancelled (%s is gone)", name, version, path)
+                    break
+                log.info("retrying to load %s version %d (retry %d of %d)", name, version, attempt,
+                         options.max_num_load_retries)
+            result, error = self._try_load(name, version, path)
+            if result is not None:
+                servable, loaded, warmed, start = result
+                break
+            if attempt < options.max_num_load_retries:
+                log.error("%s version %d failed to load from %s: %s", name, version, path, error)
+        else:
+            log.error("%s version %d failed to load from %s, skipping it: %s", name, version, path, error)
+        if servable is None:
+            self._give_up(name, version, path, record, error, fingerprint)
             return False
         record.servable, record.state = servable, _State.AVAILABLE
         with self._lock:

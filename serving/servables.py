@@ -137,12 +137,12 @@ def _shape_str(shape: tf.TensorShape) -> str:
 class Servable:
     """One loaded version of a model."""
 
-    def __init__(self, name: str, version: int, path: str):
+    def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",)):
         self.name, self.version, self.path = name, version, path
         # The SignatureDefs as written in saved_model.pb are what the real server reports
         # as metadata (including `__saved_model_init_op`), so read them from the file.
-        self.signature_defs = _read_signature_defs(path)
-        self._loaded = tf.saved_model.load(path)  # keeps the functions' resources alive
+        self.signature_defs = _read_signature_defs(path, tags)
+        self._loaded = tf.saved_model.load(path, tags=list(tags))  # keeps the functions' resources alive
         self.signatures: dict[str, Signature] = {}
         for key, fn in self._loaded.signatures.items():
             if key not in self.signature_defs:
@@ -170,7 +170,9 @@ class Servable:
         return sig_map
 
 
-def _read_signature_defs(path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
+def _read_signature_defs(path: str, tags: Sequence[str]) -> dict[str, meta_graph_pb2.SignatureDef]:
+    """The SignatureDefs of the MetaGraph whose tag set is `tags`, as TF Serving's loader finds
+    it (loader.cc, FindMetaGraphDef: the sets must be equal), with its error when there is none."""
     saved_model = saved_model_pb2.SavedModel()
     pb = os.path.join(path, "saved_model.pb")
     if os.path.exists(pb):
@@ -182,6 +184,9 @@ def _read_signature_defs(path: str) -> dict[str, meta_graph_pb2.SignatureDef]:
         with open(os.path.join(path, "saved_model.pbtxt"), encoding="utf-8") as f:
             text_format.Parse(f.read(), saved_model)
     for meta_graph in saved_model.meta_graphs:
-        if "serve" in meta_graph.meta_info_def.tags:
+        if set(meta_graph.meta_info_def.tags) == set(tags):
             return dict(meta_graph.signature_def)
-    raise ValueError(f"{path}: no MetaGraph tagged 'serve'")
+    found = "; ".join("{ " + " ".join(sorted(m.meta_info_def.tags)) + " }" for m in saved_model.meta_graphs)
+    raise ServingError(grpc.StatusCode.NOT_FOUND,
+                       f"Could not find meta graph def matching supplied tags: {{ {' '.join(sorted(tags))} }}."
+                       f" The SavedModel has {found or 'none'} (saved_model_cli show --dir lists them)")

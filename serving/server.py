@@ -66,13 +66,13 @@ from electra_tf.serving.defaults import (
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
 from electra_tf.serving.grpc_transport import HealthService, SslConfig
-from electra_tf.serving.manager import ModelManager
+from electra_tf.serving.manager import LoadOptions, ModelManager
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
 from electra_tf.serving.ports import PortError, check_ports, port_error
 from electra_tf.serving.rest import RestServer
 
-__all__ = ["ModelServer", "PortError"]
+__all__ = ["LoadOptions", "ModelServer", "PortError"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,9 @@ class ModelServer:
             Content-Type), for a web page calling the model from a browser.
         metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
+        load_options: the MetaGraph tags, load retries and load threads (serving.manager.LoadOptions,
+            TF Serving's --saved_model_tags, --max_num_load_retries, --load_retry_interval_micros,
+            --num_load_threads); by default "serve", no retry, one load at a time.
         warmup_iterations: runs of each warmup record before a version is AVAILABLE (TF
             Serving's --num_request_iterations_for_warmup); 0: no warmup (--enable_model_warmup=false).
         grpc_socket_path: also serve gRPC on this UNIX socket (TF Serving's --grpc_socket_path;
@@ -170,6 +173,7 @@ class ModelServer:
         grpc_channel_arguments: Sequence[tuple[str, int | str]] = (),
         ssl: SslConfig | None = None,
         enable_grpc_healthcheck: bool = False,
+        load_options: LoadOptions = LoadOptions(),
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -186,6 +190,7 @@ class ModelServer:
                 raise ValueError(f"{name} {error}")
         self.metrics = Metrics(metrics_path, model_names=[c.name for c in models])
         self.manager = ModelManager(models, metrics=self.metrics, warmup_iterations=warmup_iterations,
+                                    load_options=load_options,
                                     allow_unavailable_labels=allow_version_labels_for_unavailable_models)
         self.manager.check_labels(models)  # raises ServingError (FAILED_PRECONDITION) when refused
         self.host = host

@@ -16,7 +16,11 @@ still waiting for the model when it passes is answered unrun, serving/batching.p
 --allow_version_labels_for_unavailable_models (default false as in TF Serving, which refuses every
 models.config label at start without it). The gRPC port takes TF Serving's --ssl_config_file (TLS,
 client certificates with client_verify), --grpc_socket_path (also a UNIX socket),
---grpc_channel_arguments and --enable_grpc_healthcheck_service (serving/grpc_transport.py).
+--grpc_channel_arguments and --enable_grpc_healthcheck_service (serving/grpc_transport.py). Loading
+takes TF Serving's --saved_model_tags, --max_num_load_retries, --load_retry_interval_micros (their
+defaults: 5 retries a minute apart, the version LOADING meanwhile), --num_load_threads,
+--tensorflow_session_parallelism and --tensorflow_session_config_file (serving.manager.LoadOptions,
+`apply_session_config`).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 
 Refused in one line naming the flag or file, before TensorFlow or any model loads: a flag out of
@@ -106,6 +110,25 @@ flags.DEFINE_string("ssl_config_file", None,
 flags.DEFINE_bool("enable_grpc_healthcheck_service", False,
                   "Offer grpc.health.v1.Health/Check (TF Serving's flag): SERVING for \"\", ModelService and"
                   " PredictionService while the server runs.")
+flags.DEFINE_string("saved_model_tags", "serve",
+                    "Comma-separated tags of the MetaGraph to load (TF Serving's flag); a version without a MetaGraph of"
+                    " exactly these tags fails to load.")
+flags.DEFINE_integer("max_num_load_retries", 5,
+                     "Times a failed load is tried again before the version is given up (TF Serving's flag and default;"
+                     " 0: once). The version is LOADING meanwhile.")
+flags.DEFINE_integer("load_retry_interval_micros", 60 * 1000 * 1000,
+                     "Microseconds between load retries (TF Serving's flag and default, 1 minute; < 0: no wait).")
+flags.DEFINE_integer("num_load_threads", 0,
+                     "Models loaded at once (TF Serving's flag; 0 or 1: one after another).")
+flags.DEFINE_integer("num_unload_threads", 0,
+                     "TF Serving's flag, accepted: a version is unloaded here as soon as it is dropped.")
+flags.DEFINE_integer("tensorflow_session_parallelism", 0,
+                     "Both TensorFlow thread pools' size when neither --tensorflow_intra_op_parallelism nor"
+                     " --tensorflow_inter_op_parallelism is given (TF Serving's flag; 0: their defaults).")
+flags.DEFINE_string("tensorflow_session_config_file", None,
+                    "A text ConfigProto (TF Serving's flag). As in TF Serving its thread counts give way to the"
+                    " parallelism flags; of the rest, what TensorFlow 2 applies outside a session is applied"
+                    " (log_device_placement, allow_soft_placement), the other fields are named in a warning.")
 flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
                      "Threads one TensorFlow op may use (TF Serving's flag). 0: the cores divided by the model"
                      " calls that may run at once (--model_threads, or num_batch_threads with batching), at least 1.")
@@ -199,6 +222,46 @@ def grpc_transport() -> dict:
     return transport
 
 
+def read_session_config(path: str | None, tf):
+    """TF Serving's --tensorflow_session_config_file: a text ConfigProto, or None."""
+    if not path:
+        return None
+    from google.protobuf import text_format
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return text_format.Parse(f.read(), tf.compat.v1.ConfigProto())
+    except OSError as e:
+        raise _error(f"--tensorflow_session_config_file {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, text_format.ParseError) as e:
+        reason = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"is not a text ConfigProto: {e}"
+        raise _error(f"--tensorflow_session_config_file {path} {' '.join(reason.split())}") from None
+
+
+def apply_session_config(config, tf) -> None:
+    """What of a session ConfigProto TensorFlow 2 can apply process-wide; the other fields set
+    are named in one warning. Its thread counts give way to the parallelism flags, as in TF
+    Serving, which always overwrites them (server.cc)."""
+    applied, ignored = [], []
+    for field, value in config.ListFields():
+        if field.name == "log_device_placement":
+            tf.debugging.set_log_device_placement(value)
+        elif field.name == "allow_soft_placement":
+            tf.config.set_soft_device_placement(value)
+        elif field.name in ("intra_op_parallelism_threads", "inter_op_parallelism_threads"):
+            logging.warning("--tensorflow_session_config_file: %s is replaced by the parallelism flags, as in TF"
+                            " Serving", field.name)
+            continue
+        else:
+            ignored.append(field.name)
+            continue
+        applied.append(field.name)
+    logging.info("--tensorflow_session_config_file: applied %s", applied or "nothing")
+    if ignored:
+        logging.warning("--tensorflow_session_config_file: not applied here (no session in TensorFlow 2): %s",
+                        ", ".join(ignored))
+
+
 def main(argv):
     del argv
     if bool(FLAGS.model_base_path) == bool(FLAGS.model_config_file):
@@ -208,9 +271,19 @@ def main(argv):
         value = FLAGS[flag].value
         if value is not None and (error := limit_error(argument, value)) is not None:
             raise _error(f"--{flag} {error}")
-    for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism"):
-        if not 0 <= FLAGS[name].value < 2**31:  # TensorFlow's ConfigProto holds an int32
+    for name in ("tensorflow_intra_op_parallelism", "tensorflow_inter_op_parallelism", "tensorflow_session_parallelism",
+                 "max_num_load_retries", "num_load_threads", "num_unload_threads"):
+        if not 0 <= FLAGS[name].value < 2**31:  # TensorFlow's ConfigProto and TF Serving's options hold int32s
             raise _error(f"--{name} must be from 0 to {2**31 - 1}, got {FLAGS[name].value}")
+    if not -2**63 <= FLAGS.load_retry_interval_micros < 2**63:
+        raise _error(f"--load_retry_interval_micros must fit an int64, got {FLAGS.load_retry_interval_micros}")
+    if min(FLAGS.tensorflow_intra_op_parallelism, FLAGS.tensorflow_inter_op_parallelism,
+           FLAGS.tensorflow_session_parallelism) > 0:  # TF Serving's refusal (server.cc)
+        raise _error("give --tensorflow_session_parallelism or --tensorflow_intra_op_parallelism and"
+                     " --tensorflow_inter_op_parallelism, not all three")
+    tags = FLAGS.saved_model_tags.split(",")
+    if not all(tag.strip() for tag in tags):
+        raise _error(f"--saved_model_tags must be tags separated by commas, got {FLAGS.saved_model_tags!r}")
     if not -2**31 <= FLAGS.num_request_iterations_for_warmup < 2**31:  # an int32 in TF Serving
         raise _error("--num_request_iterations_for_warmup must fit TF Serving's int32 (< 2^31), got "
                      f"{FLAGS.num_request_iterations_for_warmup}")
@@ -230,8 +303,8 @@ def main(argv):
                         else BatchingParameters())
         except (OSError, ValueError) as e:
             raise app.UsageError(f"--batching_parameters_file: {e}")
-    elif FLAGS.batching_parameters_file:
-        logging.warning("--batching_parameters_file is ignored without --enable_batching")
+    elif FLAGS.batching_parameters_file:  # TF Serving refuses it too (server.cc)
+        raise _error("--batching_parameters_file is set without --enable_batching")
     metrics_path = None
     if FLAGS.monitoring_config_file:
         try:  # before the models load: a typo costs a second, not a load
@@ -247,7 +320,9 @@ def main(argv):
 
     import tensorflow as tf
 
-    from electra_tf.serving.server import ModelServer
+    from electra_tf.serving.server import LoadOptions, ModelServer
+
+    session_config = read_session_config(FLAGS.tensorflow_session_config_file, tf)
 
     server = ModelServer(
         rest_port=FLAGS.rest_api_port,
@@ -271,19 +346,32 @@ def main(argv):
         enable_cors=FLAGS.rest_api_enable_cors_support,
         allow_version_labels_for_unavailable_models=FLAGS.allow_version_labels_for_unavailable_models,
         enable_grpc_healthcheck=FLAGS.enable_grpc_healthcheck_service,
+        load_options=LoadOptions(saved_model_tags=tuple(tag.strip() for tag in tags),
+                                 max_num_load_retries=FLAGS.max_num_load_retries,
+                                 load_retry_interval_seconds=FLAGS.load_retry_interval_micros / 1e6,
+                                 num_load_threads=FLAGS.num_load_threads),
         **transport,
     )
     # Before the first op runs (ModelServer loads its models in start()).
     cores, calls = os.cpu_count() or 1, server.concurrent_model_calls
-    tf.config.threading.set_intra_op_parallelism_threads(
-        intra_op_threads(FLAGS.tensorflow_intra_op_parallelism, calls, cores))
-    tf.config.threading.set_inter_op_parallelism_threads(FLAGS.tensorflow_inter_op_parallelism)
+    if session_config is not None:
+        apply_session_config(session_config, tf)
+    # TF Serving's order (server.cc): the two flags if either is given, else session parallelism
+    intra, inter = FLAGS.tensorflow_intra_op_parallelism, FLAGS.tensorflow_inter_op_parallelism
+    if not (intra or inter):
+        intra = inter = FLAGS.tensorflow_session_parallelism
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads(intra, calls, cores))
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
     logging.info("TensorFlow threads: %d per op, %s inter-op (%d model calls at once on %d cores)",
                  tf.config.threading.get_intra_op_parallelism_threads(),
                  tf.config.threading.get_inter_op_parallelism_threads() or "default", calls, cores)
     stop = threading.Event()
+    def on_signal(signum, frame):
+        stop.set()
+        server.manager.cancel_loads()  # a load at start (its retries) ends early; start() then returns
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.set())
+        signal.signal(sig, on_signal)
     try:
         server.start()
     except PortError as e:  # a port taken since the check above: one line, not a traceback

@@ -3,6 +3,7 @@ certificates, the UNIX socket, channel arguments and the health check, on a real
 through the real binaries; and each bad value refused in one line before TensorFlow loads."""
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -175,7 +176,11 @@ def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, m
 
 @pytest.mark.multiprocess
 def test_the_binaries_serve_and_call_over_tls_on_a_socket_and_refuse_bad_values_in_one_line(pki, tmp_path, model_base):
+    """Also TF Serving's load and session flags on the same server (serving.manager.LoadOptions)."""
     (tmp_path / "file").write_text("kept")
+    (tmp_path / "session.config").write_text("allow_soft_placement: true\nintra_op_parallelism_threads: 3\n"
+                                             "operation_timeout_in_ms: 100\n")
+    (tmp_path / "bad_session.config").write_text("intra_op_parallelism: 3\n")
     bad = {  # flags: the line's words
         ("--grpc_channel_arguments=grpc.keepalive_time_ms",): "--grpc_channel_arguments: 'grpc.keepalive_time_ms' is"
                                                               " not key=value",
@@ -183,6 +188,9 @@ def test_the_binaries_serve_and_call_over_tls_on_a_socket_and_refuse_bad_values_
         (f"--grpc_socket_path={tmp_path}/file",): "is a file, not a socket",
         (f"--ssl_config_file={tmp_path}/none",): "No such file or directory",
         (f"--ssl_config_file={ssl_config(pki, tmp_path / 'mismatch', key='other.key')}",): "not a PEM private key",
+        # read once TensorFlow is imported (its ConfigProto), still before any model loads
+        (f"--tensorflow_session_config_file={tmp_path}/bad_session.config",): "is not a text ConfigProto: 1:1 :"
+                                                                              " Message type",
     }
     commands = [[sys.executable, "-X", "importtime", "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}",
                  *flags] for flags in bad]
@@ -192,19 +200,32 @@ def test_the_binaries_serve_and_call_over_tls_on_a_socket_and_refuse_bad_values_
     server = subprocess.Popen(
         [sys.executable, "-m", "electra_tf.tools.serve", f"--model_base_path={model_base}", "--rest_api_port=0",
          "--port=0", f"--grpc_socket_path={sock}", f"--ssl_config_file={ssl_config(pki, tmp_path / 'ssl.config')}",
-         "--enable_grpc_healthcheck_service"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--enable_grpc_healthcheck_service", f"--tensorflow_session_config_file={tmp_path}/session.config",
+         "--tensorflow_session_parallelism=1", "--saved_model_tags=serve", "--num_load_threads=2",
+         "--max_num_load_retries=0"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     try:
         for flags, proc in zip(bad, procs):
             _, err = proc.communicate(timeout=120)
             lines = [line for line in err.splitlines() if not line.startswith("import time:")]
+            if "session" in flags[0]:  # TensorFlow's own start-up lines come before it
+                assert "Traceback" not in err, err[-2000:]
+                lines = lines[-1:]
             assert proc.returncode == 1 and len(lines) == 1, (flags, err[-2000:])
             assert lines[0].startswith("electra-serve: error: ") and bad[flags] in lines[0], (flags, lines)
-            assert "| tensorflow\n" not in err.replace("  ", " "), (flags, "TensorFlow was imported")
+            if "session" not in flags[0]:
+                assert not re.search(r"\| +tensorflow$", err, re.M), (flags, "TensorFlow was imported")
         assert (tmp_path / "file").read_text() == "kept"
+        log = []
         for line in server.stdout:
+            log.append(line)
             if "gRPC also on the UNIX socket" in line:
                 break
+        log = "".join(log)
+        assert "TensorFlow threads: 1 per op, 1 inter-op" in log, log[-3000:]
+        assert "intra_op_parallelism_threads is replaced by the parallelism flags" in log, log[-3000:]
+        assert "not applied here (no session in TensorFlow 2): operation_timeout_in_ms" in log, log[-3000:]
+        assert "applied ['allow_soft_placement']" in log, log[-3000:]
         client = [sys.executable, "-m", "electra_tf.tools.client", f"--server=unix:{sock}", "--protocol=grpc",
                   "--model_name=tiny", "--signature_name=single_text", "--text=a", "--ssl_target_name=localhost", f"--ssl_ca_file={pki}/ca.pem"]
         answered = subprocess.run(client + [f"--ssl_cert_file={pki}/client.pem", f"--ssl_key_file={pki}/client.key"],

@@ -327,7 +327,9 @@ def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, instal
         os.makedirs(os.path.join(base, "3"))
         with open(os.path.join(base, "3", "saved_model.pb"), "wb") as f:
             f.write(b"not a SavedModel")
-        assert _wait_for(lambda: "3" in {s["version"] for s in client.status()["model_version_status"]})
+        # LOADING while it loads (as TF Serving), then END
+        assert _wait_for(lambda: {s["version"]: s["state"] for s in client.status()["model_version_status"]}.get("3")
+                         == "END")
         status3 = client.status(3)["model_version_status"][0]
         assert status3["state"] == "END" and status3["status"]["error_code"] != "OK"
         assert client.metadata()["model_spec"]["version"] == "2"
@@ -339,7 +341,8 @@ def test_new_version_is_picked_up_and_broken_one_skipped(model_templates, instal
         shutil.copytree(model_templates[2], staging)
         shutil.rmtree(staging / "variables")
         os.rename(staging, os.path.join(base, "4"))
-        assert _wait_for(lambda: "4" in {s["version"] for s in client.status()["model_version_status"]})
+        assert _wait_for(lambda: {s["version"]: s["state"] for s in client.status()["model_version_status"]}.get("4")
+                         == "END")
         with GrpcClient("127.0.0.1", server.grpc_port, "tiny") as grpc_client:
             messages = {v: (client.status(v)["model_version_status"][0]["status"]["error_message"],
                             grpc_client.status(v)["model_version_status"][0]["status"]["error_message"])

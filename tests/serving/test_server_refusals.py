@@ -121,6 +121,13 @@ def test_out_of_range_flags_equal_ports_and_a_taken_port_are_refused_before_tens
             (f"--rest_api_port={port}", "--port=0"): f"REST port {port} on 127.0.0.1 is already in use",
             ("--rest_api_port=0", f"--port={port}"): f"gRPC port {port} on 127.0.0.1 is already in use",
             ("--model_name=a/b",): "--model_name: name: 'a/b' is not a valid model name",
+            ("--max_num_load_retries=-1",): "--max_num_load_retries must be from 0 to 2147483647",
+            ("--num_load_threads=2147483648",): "--num_load_threads must be from 0 to 2147483647",
+            ("--load_retry_interval_micros=-1", "--saved_model_tags=serve,"): "--saved_model_tags must be tags"
+                                                                              " separated by commas",
+            ("--batching_parameters_file=b.config",): "--batching_parameters_file is set without --enable_batching",
+            ("--tensorflow_intra_op_parallelism=1", "--tensorflow_inter_op_parallelism=1",
+             "--tensorflow_session_parallelism=1"): "not all three",
         }
         # -X importtime lists every module imported: TensorFlow must not be among them.
         commands = [[sys.executable, "-X", "importtime", "-m", "electra_tf.tools.serve",
