@@ -34,6 +34,13 @@ run; a TensorFlow function called from Python cannot be cancelled).
 `BatchingParameters` reads TF Serving's `--batching_parameters_file` (a text
 `BatchingParameters` proto); its defaults are TF Serving's (`BasicBatchScheduler::Options`).
 
+Per-model parameters (TF Serving's --enable_per_model_batching_parameters): a signature whose
+`batching` attribute holds its version's own `BatchingParameters` (read from the version's
+`batching_params.pbtxt`, `read_model_batching_parameters`) is queued with that max_batch_size,
+batch_timeout_micros and max_enqueued_batches; `NOT_BATCHED` (a version without the file) runs
+each request alone, at most num_batch_threads at once. The batch threads stay the server's, as
+TF Serving's shared batch thread pool.
+
 Example:
 
     params = read_batching_parameters("batching.config")  # max_batch_size { value: 32 } ...
@@ -147,6 +154,23 @@ class BatchingParameters:
 def read_batching_parameters(path: str) -> BatchingParameters:
     with open(path, encoding="utf-8") as f:
         return BatchingParameters.from_text(f.read(), path)
+
+
+MODEL_BATCHING_FILE = "batching_params.pbtxt"  # TF Serving's, in the version's folder (bundle_factory_util.cc)
+NOT_BATCHED = "not batched"  # a signature's `batching` when its version asks for no batching
+
+
+def read_model_batching_parameters(version_path: str, server: BatchingParameters):
+    """A version's own batching (TF Serving's --enable_per_model_batching_parameters): the
+    parameters of its `batching_params.pbtxt`, batch threads aside (the server's), or NOT_BATCHED
+    without the file, as TF Serving. Raises ValueError (the file's fault, naming it) or OSError."""
+    path = os.path.join(version_path, MODEL_BATCHING_FILE)
+    if not os.path.isfile(path):
+        return NOT_BATCHED
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parameters = BatchingParameters.from_text(text, MODEL_BATCHING_FILE)
+    return dataclasses.replace(parameters, num_batch_threads=server.num_batch_threads)
 
 
 # ----------------------------------------------------------------------------- deadlines
@@ -318,9 +342,10 @@ class _Task:
 
 
 class _Queue:
-    def __init__(self):
+    def __init__(self, parameters: BatchingParameters):
         self.tasks: collections.deque[_Task] = collections.deque()
         self.rows = 0
+        self.parameters = parameters  # the server's, or the signature's version's own
 
 
 def _batch_rows(inputs: Mapping[str, np.ndarray]) -> int | None:
@@ -341,6 +366,7 @@ class Batcher:
         # batches: model calls made; merged: requests answered from a merged call; alone:
         # requests of a batch that failed whole, run again on their own.
         self.stats = collections.Counter(batches=0, merged=0, alone=0)
+        self._not_batched = Unbatched(parameters.num_batch_threads)  # versions that ask for no batching
         self._threads = [
             threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
             for i in range(parameters.num_batch_threads)
@@ -349,7 +375,9 @@ class Batcher:
             thread.start()
 
     def run(self, signature: ModelCall, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        p = self.parameters
+        p = getattr(signature, "batching", None) or self.parameters
+        if p is NOT_BATCHED:
+            return self._not_batched.run(signature, inputs)
         rows = _batch_rows(inputs)
         if rows is None:
             key, rows = object(), 1  # a queue of its own: it runs alone
@@ -363,7 +391,7 @@ class Batcher:
         with self._cond:
             if self._stopping:
                 raise unavailable("the server is stopping")
-            queue = self._queues.setdefault(key, _Queue())
+            queue = self._queues.setdefault(key, _Queue(p))
             if math.ceil((queue.rows + rows) / p.max_batch_size) > p.max_enqueued_batches:
                 if not queue.tasks:
                     del self._queues[key]
@@ -395,6 +423,7 @@ class Batcher:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join()
+        self._not_batched.stop()
         log.info(
             "batching: %d model calls; %d requests answered from merged calls, %d run again alone",
             self.stats["batches"], self.stats["merged"], self.stats["alone"],
@@ -420,12 +449,11 @@ class Batcher:
 
     def _next_batch(self) -> list[_Task] | None:
         """Under the lock: wait for a batch that is full or due, oldest first, and take it."""
-        timeout = self.parameters.batch_timeout_micros / 1e6
         while True:
             now, due, wake = time.monotonic(), None, None
             for key, queue in self._queues.items():
-                oldest = queue.tasks[0].enqueued
-                if queue.rows >= self.parameters.max_batch_size or now - oldest >= timeout or self._stopping:
+                oldest, timeout = queue.tasks[0].enqueued, queue.parameters.batch_timeout_micros / 1e6
+                if queue.rows >= queue.parameters.max_batch_size or now - oldest >= timeout or self._stopping:
                     if due is None or oldest < self._queues[due].tasks[0].enqueued:
                         due = key
                 else:
@@ -440,7 +468,7 @@ class Batcher:
         """Under the lock: the oldest requests of `key`'s queue that fit a batch; those whose
         deadline has passed are answered RESOURCE_EXHAUSTED instead (module docstring)."""
         queue, batch, rows, now = self._queues[key], [], 0, time.monotonic()
-        while queue.tasks and rows + queue.tasks[0].rows <= self.parameters.max_batch_size:
+        while queue.tasks and rows + queue.tasks[0].rows <= queue.parameters.max_batch_size:
             task = queue.tasks.popleft()
             queue.rows -= task.rows
             if task.deadline is not None and now >= task.deadline:

@@ -29,6 +29,8 @@ from electra_tf.serving.errors import ServingError, failed_precondition, invalid
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig, ModelConfigError, read_models_config, unavailable_label
 from electra_tf.serving import warmup
+from electra_tf.serving.batching import (
+    MODEL_BATCHING_FILE, NOT_BATCHED, BatchingParameters, read_model_batching_parameters)
 from electra_tf.serving.budget import release_freed_heap
 from electra_tf.serving.servables import Servable
 
@@ -140,12 +142,17 @@ class LoadOptions:
             retries early.
         num_load_threads: models loaded at once (--num_load_threads); 0 or 1 load one after
             another. The versions of one model always load in turn.
+        per_model_batching: the server's batching parameters when each version's own
+            `batching_params.pbtxt` decides its batching (--enable_per_model_batching_parameters,
+            `serving.batching.read_model_batching_parameters`): a file that does not parse fails
+            the load; None (the default): every version batches as the server does.
     """
 
     saved_model_tags: tuple[str, ...] = ("serve",)
     max_num_load_retries: int = 0
     load_retry_interval_seconds: float = 60.0
     num_load_threads: int = 0
+    per_model_batching: BatchingParameters | None = None
 
 
 class ModelManager:
@@ -296,7 +303,12 @@ class ModelManager:
         start = time.monotonic()
         loaded = servable = None
         try:
-            servable = Servable(name, version, path, tags=self.load_options.saved_model_tags)
+            batching = (read_model_batching_parameters(path, self.load_options.per_model_batching)
+                        if self.load_options.per_model_batching is not None else None)
+            servable = Servable(name, version, path, tags=self.load_options.saved_model_tags, batching=batching)
+            if batching is not None:
+                log.info("%s version %d: %s", name, version, f"batching {batching}" if batching != NOT_BATCHED
+                         else f"not batched (no {MODEL_BATCHING_FILE} in its folder)")
             loaded = time.monotonic() - start
             self.metrics.observe_load(path, loaded)
             warmed = (warmup.replay(servable, self._warmup_iterations)  # before AVAILABLE, as TF Serving

@@ -40,6 +40,7 @@ class Signature:
         self.method_name = signature_def.method_name
         self.inputs = {k: _spec(k, v) for k, v in signature_def.inputs.items()}
         self.outputs = {k: _spec(k, v) for k, v in signature_def.outputs.items()}
+        self.batching = None  # the server's batching; or its version's own (serving.batching, per-model)
 
     def run(self, inputs: Mapping[str, np.ndarray], max_batch_size: int, scheduler=None) -> dict[str, np.ndarray]:
         """Validate `inputs` against the signature and run it through `scheduler` (see serving.batching)."""
@@ -137,7 +138,10 @@ def _shape_str(shape: tf.TensorShape) -> str:
 class Servable:
     """One loaded version of a model."""
 
-    def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",)):
+    def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",), batching=None):
+        """`batching`: this version's own batching for each of its signatures (TF Serving's
+        per-model batching parameters, `serving.batching.read_model_batching_parameters`); None:
+        the server's."""
         self.name, self.version, self.path = name, version, path
         # The SignatureDefs as written in saved_model.pb are what the real server reports
         # as metadata (including `__saved_model_init_op`), so read them from the file.
@@ -149,6 +153,7 @@ class Servable:
                 continue
             try:
                 self.signatures[key] = Signature(key, fn, self.signature_defs[key])
+                self.signatures[key].batching = batching
             except ValueError as e:
                 log.warning("%s version %d: signature %r is not served: %s", name, version, key, e)
 

@@ -177,6 +177,8 @@ class ModelServer:
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
+        if load_options.per_model_batching is not None and load_options.per_model_batching != batching:
+            raise ValueError("load_options.per_model_batching must be the server's `batching` parameters")
         if models is None:
             base = os.path.abspath(model_base_path)
             models = [ModelConfig(model_name or os.path.basename(base.rstrip(os.sep)), base)]

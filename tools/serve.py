@@ -5,9 +5,9 @@
 Flags carry TF Serving's names, so the same command line reads the same against
 `tensorflow_model_server`. One difference: a port of 0 picks a free port here (TF
 Serving disables REST with --rest_api_port=0); the bound URLs are logged. Batching takes TF
-Serving's --enable_batching and --batching_parameters_file; --rest_idle_timeout_seconds,
---rest_max_connections and --model_threads are this server's own (serving/rest_connections.py,
-serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism are
+Serving's --enable_batching, --batching_parameters_file and --enable_per_model_batching_parameters;
+--rest_idle_timeout_seconds, --rest_max_connections and --model_threads are this server's own
+(serving/rest_connections.py, serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism are
 TF Serving's; their default differs (see `intra_op_threads`). --monitoring_config_file is TF
 Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py). So are
 --rest_api_timeout_in_ms (a REST request's deadline; a gRPC request has its client's: a request
@@ -82,6 +82,10 @@ flags.DEFINE_bool("enable_batching", False, "Merge concurrent requests into batc
 flags.DEFINE_string("batching_parameters_file", None,
                     "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
                     " max_enqueued_batches, num_batch_threads) instead of TF Serving's defaults.")
+flags.DEFINE_bool("enable_per_model_batching_parameters", False,
+                  "With --enable_batching: each version's batching_params.pbtxt (a BatchingParameters text proto in"
+                  " its folder) sets its batching, batch threads aside; a version without one is not batched (TF"
+                  " Serving's flag).")
 flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads (also --grpc_max_threads, TF Serving's name).")
 flags.DEFINE_alias("grpc_max_threads", "grpc_threads")
 flags.DEFINE_integer("rest_api_timeout_in_ms", 30000,
@@ -305,6 +309,8 @@ def main(argv):
             raise app.UsageError(f"--batching_parameters_file: {e}")
     elif FLAGS.batching_parameters_file:  # TF Serving refuses it too (server.cc)
         raise _error("--batching_parameters_file is set without --enable_batching")
+    elif FLAGS.enable_per_model_batching_parameters:
+        logging.warning("--enable_per_model_batching_parameters is ignored without --enable_batching")
     metrics_path = None
     if FLAGS.monitoring_config_file:
         try:  # before the models load: a typo costs a second, not a load
@@ -349,7 +355,8 @@ def main(argv):
         load_options=LoadOptions(saved_model_tags=tuple(tag.strip() for tag in tags),
                                  max_num_load_retries=FLAGS.max_num_load_retries,
                                  load_retry_interval_seconds=FLAGS.load_retry_interval_micros / 1e6,
-                                 num_load_threads=FLAGS.num_load_threads),
+                                 num_load_threads=FLAGS.num_load_threads,
+                                 per_model_batching=batching if FLAGS.enable_per_model_batching_parameters else None),
         **transport,
     )
     # Before the first op runs (ModelServer loads its models in start()).

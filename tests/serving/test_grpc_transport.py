@@ -202,7 +202,7 @@ def test_the_binaries_serve_and_call_over_tls_on_a_socket_and_refuse_bad_values_
          "--port=0", f"--grpc_socket_path={sock}", f"--ssl_config_file={ssl_config(pki, tmp_path / 'ssl.config')}",
          "--enable_grpc_healthcheck_service", f"--tensorflow_session_config_file={tmp_path}/session.config",
          "--tensorflow_session_parallelism=1", "--saved_model_tags=serve", "--num_load_threads=2",
-         "--max_num_load_retries=0"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+         "--max_num_load_retries=0", "--enable_batching", "--enable_per_model_batching_parameters"], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     try:
         for flags, proc in zip(bad, procs):
@@ -226,6 +226,7 @@ def test_the_binaries_serve_and_call_over_tls_on_a_socket_and_refuse_bad_values_
         assert "intra_op_parallelism_threads is replaced by the parallelism flags" in log, log[-3000:]
         assert "not applied here (no session in TensorFlow 2): operation_timeout_in_ms" in log, log[-3000:]
         assert "applied ['allow_soft_placement']" in log, log[-3000:]
+        assert "tiny version 1: not batched (no batching_params.pbtxt in its folder)" in log, log[-3000:]
         client = [sys.executable, "-m", "electra_tf.tools.client", f"--server=unix:{sock}", "--protocol=grpc",
                   "--model_name=tiny", "--signature_name=single_text", "--text=a", "--ssl_target_name=localhost", f"--ssl_ca_file={pki}/ca.pem"]
         answered = subprocess.run(client + [f"--ssl_cert_file={pki}/client.pem", f"--ssl_key_file={pki}/client.key"],

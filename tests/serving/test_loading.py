@@ -155,3 +155,44 @@ def test_load_threads_load_several_models_at_once(model_templates, install_versi
         assert sum(m.startswith("loading ") for m in messages[:first_available]) == 2, messages
     finally:
         lines.close()
+
+
+def test_per_model_batching_parameters_come_from_each_versions_file(model_templates, install_version, tmp_path):
+    import numpy as np
+    import pytest
+
+    from electra_tf.serving.batching import BatchingParameters
+    from electra_tf.serving.errors import ServingError
+
+    for name in ("own", "none", "broken"):
+        install_version(model_templates, str(tmp_path / name), 1)
+    (tmp_path / "own" / "1" / "batching_params.pbtxt").write_text("max_batch_size { value: 2 }\n"
+                                                                   "num_batch_threads { value: 7 }\n")
+    (tmp_path / "broken" / "1" / "batching_params.pbtxt").write_text("max_batch_size: 2\n")
+    server_batching = BatchingParameters(max_batch_size=8, num_batch_threads=1)
+    configs = [ModelConfig(name, str(tmp_path / name)) for name in ("own", "none", "broken")]
+
+    def rows(n):
+        return {"ids": np.zeros(n, np.int32)}
+
+    with ModelServer(models=configs, rest_port=None, grpc_port=None, batching=server_batching,
+                     load_options=LoadOptions(per_model_batching=server_batching)) as server:
+        def run(name, n):
+            return server.manager.servable(name).signature("lookup").run(rows(n), 1024, server.scheduler)
+
+        own = server.manager.servable("own").signature("lookup").batching
+        assert (own.max_batch_size, own.num_batch_threads) == (2, 1)  # batch threads stay the server's
+        assert run("own", 2)["value"].shape == (2,)
+        with pytest.raises(ServingError, match="Task size 3 is larger than maximum batch size 2"):
+            run("own", 3)
+        batches = server.scheduler.stats["batches"]
+        assert run("none", 10)["value"].shape == (10,)  # not batched: the server's max of 8 does not apply
+        assert server.scheduler.stats["batches"] == batches
+        name, code, message = state(server.manager, "broken", 1)
+        assert name == "END" and "batching_params.pbtxt" in message, message
+    # without the option the server's parameters hold for every version
+    with ModelServer(models=configs[:2], rest_port=None, grpc_port=None, batching=server_batching) as server:
+        with pytest.raises(ServingError, match="Task size 10 is larger than maximum batch size 8"):
+            server.manager.servable("none").signature("lookup").run(rows(10), 1024, server.scheduler)
+        assert server.manager.servable("own").signature("lookup").run(rows(3), 1024, server.scheduler)[
+            "value"].shape == (3,)
