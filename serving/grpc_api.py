@@ -154,7 +154,7 @@ def _request_inputs(manager: ModelManager, data: bytes, max_batch_size: int, max
     if not request.model_spec.name:
         raise invalid("model_spec.name is required")
     servable = manager.servable(request.model_spec.name, _grpc_version(request.model_spec, manager))
-    signature = servable.signature(request.model_spec.signature_name)
+    signature = servable.predict_signature(request.model_spec.signature_name)
     for key, proto in request.inputs.items():  # dtypes and shapes first: nothing converted to be refused
         spec = signature.inputs.get(key)
         if spec is not None and proto.dtype != spec.dtype.as_datatype_enum:

@@ -61,29 +61,48 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def example_signature(servable: Servable, signature_name: str, method_name: str) -> Signature:
-    """The signature `signature_name` ("" for serving_default) of `servable`, checked to be a
-    `method_name` signature on serialized tf.Examples with that method's outputs; else
-    INVALID_ARGUMENT naming the model's signatures of that method."""
+    """The signature `signature_name` ("" for serving_default) of `servable`, checked as TF
+    Serving checks it for `method_name` (classifier.cc PreProcessClassification, regressor.cc
+    PreProcessRegression): one input, `inputs` (serialized tf.Examples); for classify one or two
+    outputs among `classes` and `scores`, for regress one, `outputs`. Its method name must also
+    be `method_name` only when the servable was loaded with TF Serving's
+    --enable_signature_method_name_check (`Servable.check_method_names`; off by default, as
+    there, so that TF2 classifiers whose signatures all say predict serve Classify). Else
+    INVALID_ARGUMENT with TF Serving's words and the model's signatures of that method."""
     signature = servable.signature(signature_name or DEFAULT_SIGNATURE)
-    kind = _KIND[method_name]
-    if signature.method_name != method_name:
+    kind, verb = _KIND[method_name], method_name.rpartition("/")[2]
+
+    def refuse(problem: str):
         fitting = sorted(n for n, s in servable.signatures.items() if s.method_name == method_name)
-        verb = signature.method_name.rpartition("/")[2]
-        hint = f"; call it with :{verb} ({verb.capitalize()} over gRPC)" if verb in ("predict", *METHODS) else ""
-        # TF Serving's message (servables/tensorflow/classifier.cc), then which signatures would do.
-        raise invalid(
-            f"Expected {kind} signature method_name to be {method_name}. Was: {shown(signature.method_name, 80)}"
-            f" (signature {signature.name!r} of model {servable.name!r} version {servable.version}{hint}; its"
-            f" {method_name.rpartition('/')[2]} signatures: {', '.join(map(repr, fitting)) or 'none'})")
-    specs = list(signature.inputs.values())
-    if len(specs) != 1 or specs[0].dtype != tf.string:
-        raise invalid(f"Expected one input Tensor of DT_STRING (serialized tf.Examples) in {kind} signature"
-                      f" {signature.name!r}; it has {_specs(signature.inputs)}")
+        own = signature.method_name.rpartition("/")[2]
+        hint = f"; call it with :{own} ({own.capitalize()} over gRPC)" if own in ("predict", *METHODS) and own != verb else ""
+        return invalid(f"{problem} (signature {signature.name!r} of model {servable.name!r} version {servable.version}"
+                       f"{hint}; its {verb} signatures: {', '.join(map(repr, fitting)) or 'none'})")
+
+    if servable.check_method_names and signature.method_name != method_name:
+        raise refuse(f"Expected {kind} signature method_name to be {method_name}. Was:"
+                     f" {shown(signature.method_name, 80)}")
+    if len(signature.inputs) != 1:
+        raise refuse(f"Expected one input Tensor. Its inputs: {_specs(signature.inputs)}")
+    outputs = signature.outputs
+    if method_name == CLASSIFY_METHOD and not 1 <= len(outputs) <= 2:
+        raise refuse(f"Expected one or two output Tensors, found {len(outputs)}")
+    if method_name == REGRESS_METHOD and len(outputs) != 1:
+        raise refuse(f"Expected one output Tensor. Its outputs: {_specs(outputs)}")
+    if "inputs" not in signature.inputs:
+        raise refuse(f"No {kind} inputs found in SignatureDef: its input is {_specs(signature.inputs)}, not inputs")
+    if signature.inputs["inputs"].dtype != tf.string:
+        raise refuse(f"Expected the input Tensor inputs to be DT_STRING (serialized tf.Examples); it is"
+                     f" {signature.inputs['inputs'].dtype.name}")
     wanted = {"classes": tf.string, "scores": tf.float32} if method_name == CLASSIFY_METHOD else {"outputs": tf.float32}
-    found = {k: v for k, v in signature.outputs.items() if k in wanted}
-    if not found or any(v.dtype != wanted[k] for k, v in found.items()):
-        raise invalid(f"{kind} signature {signature.name!r} must output "
-                      f"{' and/or '.join(f'{k} {v.name}' for k, v in wanted.items())}; it has {_specs(signature.outputs)}")
+    found = {k: v for k, v in outputs.items() if k in wanted}
+    if not found:
+        problem = ('Expected classification signature outputs to contain at least one of "classes" or "scores"'
+                   if method_name == CLASSIFY_METHOD else "No regression outputs found in SignatureDef")
+        raise refuse(f"{problem}; its outputs: {_specs(outputs)}")
+    if any(v.dtype != wanted[k] for k, v in found.items()):
+        raise refuse(f"{kind} signature {signature.name!r} must output "
+                     f"{' and/or '.join(f'{k} {v.name}' for k, v in wanted.items())}; it has {_specs(outputs)}")
     return signature
 
 

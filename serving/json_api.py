@@ -238,7 +238,7 @@ def _request_inputs(manager: ModelManager, name: str, version: int | None, body:
     signature_name = request.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(signature_name, str):
         raise invalid("'signature_name' must be a string")
-    signature = manager.servable(name, version).signature(signature_name)
+    signature = manager.servable(name, version).predict_signature(signature_name)
     if "instances" in request:
         return signature, _parse_row_inputs(request["instances"], signature, max_batch_size), len(request["instances"])
     return signature, _parse_columnar_inputs(request["inputs"], signature, max_batch_size), None

@@ -146,6 +146,9 @@ class LoadOptions:
             `batching_params.pbtxt` decides its batching (--enable_per_model_batching_parameters,
             `serving.batching.read_model_batching_parameters`): a file that does not parse fails
             the load; None (the default): every version batches as the server does.
+        check_method_names: --enable_signature_method_name_check (default false, as TF
+            Serving): Predict, Classify and Regress also check a signature's method name
+            (`Servable.predict_signature`, `inference_api.example_signature`).
     """
 
     saved_model_tags: tuple[str, ...] = ("serve",)
@@ -153,6 +156,7 @@ class LoadOptions:
     load_retry_interval_seconds: float = 60.0
     num_load_threads: int = 0
     per_model_batching: BatchingParameters | None = None
+    check_method_names: bool = False
 
 
 class ModelManager:
@@ -305,7 +309,8 @@ class ModelManager:
         try:
             batching = (read_model_batching_parameters(path, self.load_options.per_model_batching)
                         if self.load_options.per_model_batching is not None else None)
-            servable = Servable(name, version, path, tags=self.load_options.saved_model_tags, batching=batching)
+            servable = Servable(name, version, path, tags=self.load_options.saved_model_tags, batching=batching,
+                                check_method_names=self.load_options.check_method_names)
             if batching is not None:
                 log.info("%s version %d: %s", name, version, f"batching {batching}" if batching != NOT_BATCHED
                          else f"not batched (no {MODEL_BATCHING_FILE} in its folder)")

@@ -135,14 +135,20 @@ def _shape_str(shape: tf.TensorShape) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape.as_list()) + "]"
 
 
+_PREDICTABLE = ("tensorflow/serving/predict", "tensorflow/serving/classify", "tensorflow/serving/regress")
+
+
 class Servable:
     """One loaded version of a model."""
 
-    def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",), batching=None):
+    def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",), batching=None,
+                 check_method_names: bool = False):
         """`batching`: this version's own batching for each of its signatures (TF Serving's
         per-model batching parameters, `serving.batching.read_model_batching_parameters`); None:
-        the server's."""
+        the server's. `check_method_names`: TF Serving's --enable_signature_method_name_check
+        (`predict_signature`, `inference_api.example_signature`)."""
         self.name, self.version, self.path = name, version, path
+        self.check_method_names = check_method_names
         # The SignatureDefs as written in saved_model.pb are what the real server reports
         # as metadata (including `__saved_model_init_op`), so read them from the file.
         self.signature_defs = _read_signature_defs(path, tags)
@@ -167,6 +173,17 @@ class Servable:
                 f" {self.version} has {sorted(self.signatures)})",
             )
         return self.signatures[key]
+
+    def predict_signature(self, signature_name: str) -> Signature:
+        """`signature` for a Predict request; with `check_method_names`, TF Serving's refusal
+        (predict_util.cc, an INTERNAL error) of a signature of another method than predict,
+        classify or regress."""
+        signature = self.signature(signature_name)
+        if self.check_method_names and signature.method_name not in _PREDICTABLE:
+            raise ServingError(grpc.StatusCode.INTERNAL,
+                               f"Expected prediction signature method_name to be one of {{{', '.join(_PREDICTABLE)}}}."
+                               f" Was: {signature.method_name[:80]}")
+        return signature
 
     def signature_def_map(self) -> get_model_metadata_pb2.SignatureDefMap:
         sig_map = get_model_metadata_pb2.SignatureDefMap()

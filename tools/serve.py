@@ -86,6 +86,9 @@ flags.DEFINE_bool("enable_per_model_batching_parameters", False,
                   "With --enable_batching: each version's batching_params.pbtxt (a BatchingParameters text proto in"
                   " its folder) sets its batching, batch threads aside; a version without one is not batched (TF"
                   " Serving's flag).")
+flags.DEFINE_bool("enable_signature_method_name_check", False,
+                  "Also check signatures' method names (TF Serving's flag and default): Classify and Regress then take"
+                  " only classify / regress signatures, Predict only predict, classify and regress ones.")
 flags.DEFINE_integer("grpc_threads", 16, "gRPC worker threads (also --grpc_max_threads, TF Serving's name).")
 flags.DEFINE_alias("grpc_max_threads", "grpc_threads")
 flags.DEFINE_integer("rest_api_timeout_in_ms", 30000,
@@ -356,7 +359,8 @@ def main(argv):
                                  max_num_load_retries=FLAGS.max_num_load_retries,
                                  load_retry_interval_seconds=FLAGS.load_retry_interval_micros / 1e6,
                                  num_load_threads=FLAGS.num_load_threads,
-                                 per_model_batching=batching if FLAGS.enable_per_model_batching_parameters else None),
+                                 per_model_batching=batching if FLAGS.enable_per_model_batching_parameters else None,
+                                 check_method_names=FLAGS.enable_signature_method_name_check),
         **transport,
     )
     # Before the first op runs (ModelServer loads its models in start()).

@@ -214,7 +214,8 @@ def server(exports, export_base, tmp_path_factory):
         for name, path in exports.items()) + "}\n")
     rest, grpc_port = _free_port(), _free_port()
     command = [sys.executable, "-m", "electra_tf.tools.serve", f"--rest_api_port={rest}", f"--port={grpc_port}",
-               f"--model_config_file={config}", "--file_system_poll_wait_seconds=0", f"--max_batch_size={MAX_BATCH}"]
+               f"--model_config_file={config}", "--file_system_poll_wait_seconds=0", f"--max_batch_size={MAX_BATCH}",
+               "--enable_signature_method_name_check"]  # the method-name refusals below; off: test_native_tf2_*
     with serving(command, f"http://127.0.0.1:{rest}/v1/models/sentiment", cwd=REPO,
                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")):
         yield rest, grpc_port
@@ -440,3 +441,77 @@ def test_client_errors_carry_the_status(server):
     with GrpcClient("127.0.0.1", server[1], "sentiment") as grpc_client, pytest.raises(ServingRequestError) as e:
         grpc_client.regress([{"text": "a"}], signature_name="classify")
     assert e.value.status == grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NativeClassifier(tf.Module):
+    """A TF2 classifier as tf.saved_model.save writes it: every signature's method name is predict."""
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def classify(self, inputs):
+        words = tf.io.parse_example(inputs, {"text": tf.io.FixedLenFeature([], tf.string)})["text"]
+        n = tf.cast(tf.strings.length(words), tf.float32)  # [B]
+        scores = tf.stack([1.0 / (1.0 + n), n / (1.0 + n)], axis=1)
+        return {"scores": scores, "classes": tf.tile(tf.constant([["short", "long"]]), [tf.shape(inputs)[0], 1])}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+    def regress(self, inputs):
+        words = tf.io.parse_example(inputs, {"text": tf.io.FixedLenFeature([], tf.string)})["text"]
+        return {"outputs": tf.cast(tf.strings.length(words), tf.float32)}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def text(self, text):
+        return {"scores": tf.zeros([tf.shape(text)[0], 2])}
+
+
+def test_native_tf2_signatures_serve_classify_and_regress_unless_method_names_are_checked(tmp_path):
+    from electra_tf.serving.manager import LoadOptions
+    from electra_tf.serving.server import ModelServer
+
+    module = NativeClassifier()
+    tf.saved_model.save(module, str(tmp_path / "native" / "1"),
+                        signatures={"serving_default": module.classify, "regress": module.regress, "text": module.text})
+    pb = tmp_path / "native" / "1" / "saved_model.pb"
+    saved = saved_model_pb2.SavedModel.FromString(pb.read_bytes())
+    saved.meta_graphs[0].signature_def["text"].method_name = "custom/method"  # neither predict, classify nor regress
+    pb.write_bytes(saved.SerializeToString())
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name, predict.model_spec.signature_name = "native", "text"
+    predict.inputs["text"].CopyFrom(tf.make_tensor_proto(np.array([b"a"], dtype=object)))
+    examples = [_example(text="ab"), _example(text="abcd")]
+    for check in (False, True):
+        with ModelServer(str(tmp_path / "native"), rest_port=None, load_options=LoadOptions(check_method_names=check)) as server, \
+                grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            classify = _classification_request("native", "", examples)
+            regress = regression_pb2.RegressionRequest(model_spec=_classification_request("native", "regress").model_spec,
+                                                       input=classify.input)
+            if not check:  # TF Serving's default: the signatures' shapes decide
+                result = stub.Classify(classify, timeout=60).result.classifications
+                assert [[c.label for c in r.classes] for r in result] == [["short", "long"]] * 2
+                np.testing.assert_allclose([[c.score for c in r.classes] for r in result],
+                                           [[1 / 3, 2 / 3], [1 / 5, 4 / 5]], rtol=1e-6)
+                assert [r.value for r in stub.Regress(regress, timeout=60).result.regressions] == [2.0, 4.0]
+                assert stub.Predict(predict, timeout=60).outputs["scores"].tensor_shape.dim[0].size == 1
+                refusals = {  # what TF Serving checks whatever the method name (classifier.cc, regressor.cc)
+                    "text": (classify, "No classification inputs found in SignatureDef"),
+                    "serving_default": (regress, "Expected one output Tensor."),
+                    "regress": (classify, 'Expected classification signature outputs to contain at least one of'
+                                          ' "classes" or "scores"'),
+                }
+            else:
+                refusals = {"serving_default": (classify, "Expected classification signature method_name to be"
+                                                          " tensorflow/serving/classify. Was: tensorflow/serving/predict"),
+                            "regress": (regress, "Expected regression signature method_name")}
+                with pytest.raises(grpc.RpcError) as e:  # predict_util.cc: an INTERNAL error
+                    stub.Predict(predict, timeout=60)
+                assert e.value.code() == grpc.StatusCode.INTERNAL and "Expected prediction signature method_name to be" \
+                    " one of {tensorflow/serving/predict, tensorflow/serving/classify, tensorflow/serving/regress}." \
+                    " Was: custom/method" in e.value.details(), e.value.details()
+            for signature, (request, words) in refusals.items():
+                request = type(request).FromString(request.SerializeToString())
+                request.model_spec.signature_name = signature
+                method = stub.Classify if isinstance(request, classification_pb2.ClassificationRequest) else stub.Regress
+                with pytest.raises(grpc.RpcError) as e:
+                    method(request, timeout=60)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details(), (
+                    signature, e.value.details())
