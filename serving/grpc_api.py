@@ -84,8 +84,10 @@ def metadata_response(manager: ModelManager, name: str, version: int | None) -> 
 
 
 
-def array_to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
-    """A TensorProto with the typed `*_val` fields, as TF Serving writes outputs."""
+def array_to_tensor_proto(array: np.ndarray, as_content: bool = False) -> tensor_pb2.TensorProto:
+    """A TensorProto with the typed `*_val` fields, as TF Serving writes outputs; with
+    `as_content` (its --enable_serialization_as_tensor_content) numbers go in `tensor_content`,
+    their little-endian bytes (strings stay in `string_val`, as there)."""
     proto = tensor_pb2.TensorProto()
     for d in array.shape:
         proto.tensor_shape.dim.add(size=d)
@@ -93,6 +95,10 @@ def array_to_tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     if array.dtype == object or array.dtype.kind in "SU":
         proto.dtype = types_pb2.DT_STRING
         proto.string_val.extend(b.encode("utf-8") if isinstance(b, str) else bytes(b) for b in flat)
+        return proto
+    if as_content:
+        proto.dtype = tf.as_dtype(array.dtype).as_datatype_enum
+        proto.tensor_content = flat.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         return proto
     typed = {
         np.float32: (types_pb2.DT_FLOAT, "float_val"),
@@ -125,11 +131,13 @@ def _grpc_version(model_spec, manager: ModelManager) -> int | None:
 
 
 def predict_proto(
-    manager: ModelManager, data: bytes, max_batch_size: int, scheduler=None, *, max_elements: int, budget=None
+    manager: ModelManager, data: bytes, max_batch_size: int, scheduler=None, *, max_elements: int, budget=None,
+    tensor_content: bool = False,
 ) -> predict_pb2.PredictResponse:
     """Run a serialized gRPC PredictRequest through `scheduler`; tensors of more than `max_elements`
     are refused. The request is parsed and its inputs converted while it holds its size of
-    `budget` (a `serving.budget.ParseBudget`), and the model runs after."""
+    `budget` (a `serving.budget.ParseBudget`), and the model runs after. `tensor_content`: the
+    outputs' numbers as bytes (`array_to_tensor_proto`)."""
     with budget.hold(len(data)) if budget is not None else contextlib.nullcontext():
         servable, signature, inputs, output_filter = _request_inputs(manager, data, max_batch_size, max_elements)
     try:
@@ -143,7 +151,7 @@ def predict_proto(
     response.model_spec.signature_name = signature.name
     for key, value in outputs.items():
         if not output_filter or key in output_filter:
-            response.outputs[key].CopyFrom(array_to_tensor_proto(value))
+            response.outputs[key].CopyFrom(array_to_tensor_proto(value, tensor_content))
     return response
 
 
@@ -218,7 +226,8 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Predict(self, data, context):  # noqa: N802  (gRPC method names)
         app = self.app
         return _grpc_call(context, lambda: predict_proto(app.manager, data, app.max_batch_size, app.scheduler,
-                                                         max_elements=app.max_body_bytes, budget=app.parse_budget))
+                                                         max_elements=app.max_body_bytes, budget=app.parse_budget,
+                                                         tensor_content=app.tensor_content))
 
     def Classify(self, data, context):  # noqa: N802
         return _grpc_call(context, lambda: self._examples_api(classification_pb2.ClassificationRequest, data))

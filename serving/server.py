@@ -120,6 +120,8 @@ class ModelServer:
             Content-Type), for a web page calling the model from a browser.
         metrics_path: serve Prometheus metrics (serving.metrics) at this path on the REST port,
             as TF Serving's `--monitoring_config_file` asks; None serves none and records nothing.
+        tensor_content: gRPC Predict answers carry numbers in `tensor_content` (bytes) instead of
+            the typed `*_val` fields (TF Serving's --enable_serialization_as_tensor_content).
         load_options: the MetaGraph tags, load retries and load threads (serving.manager.LoadOptions,
             TF Serving's --saved_model_tags, --max_num_load_retries, --load_retry_interval_micros,
             --num_load_threads); by default "serve", no retry, one load at a time.
@@ -174,6 +176,7 @@ class ModelServer:
         ssl: SslConfig | None = None,
         enable_grpc_healthcheck: bool = False,
         load_options: LoadOptions = LoadOptions(),
+        tensor_content: bool = False,
     ):
         if (model_base_path is None) == (models is None):
             raise ValueError("pass exactly one of model_base_path or models")
@@ -203,6 +206,7 @@ class ModelServer:
         self.rest_timeout_seconds = rest_api_timeout_ms / 1000 if rest_api_timeout_ms > 0 else None
         self.rest_api_num_threads = rest_api_num_threads
         self.enable_cors = enable_cors
+        self.tensor_content = tensor_content
         self.parse_budget = ParseBudget(max_body_bytes)  # one maximal request parsed at a time (serving.budget)
         self._model_threads = model_threads or os.cpu_count() or 1
         self.batching = batching

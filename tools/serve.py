@@ -20,7 +20,9 @@ client certificates with client_verify), --grpc_socket_path (also a UNIX socket)
 takes TF Serving's --saved_model_tags, --max_num_load_retries, --load_retry_interval_micros (their
 defaults: 5 retries a minute apart, the version LOADING meanwhile), --num_load_threads,
 --tensorflow_session_parallelism and --tensorflow_session_config_file (serving.manager.LoadOptions,
-`apply_session_config`).
+`apply_session_config`), and every other flag of TF Serving's binary: --enable_signature_method_name_check,
+--enable_serialization_as_tensor_content and --version do what they do there; the rest, for
+accelerators, TensorFlow Lite, ALTS and plug-ins, are accepted or refused in one line (`_not_here`).
 Runs until SIGINT/SIGTERM, then stops cleanly.
 
 Refused in one line naming the flag or file, before TensorFlow or any model loads: a flag out of
@@ -136,6 +138,32 @@ flags.DEFINE_string("tensorflow_session_config_file", None,
                     "A text ConfigProto (TF Serving's flag). As in TF Serving its thread counts give way to the"
                     " parallelism flags; of the rest, what TensorFlow 2 applies outside a session is applied"
                     " (log_device_placement, allow_soft_placement), the other fields are named in a warning.")
+flags.DEFINE_bool("enable_serialization_as_tensor_content", False,
+                  "gRPC Predict answers carry numbers as tensor_content bytes instead of typed *_val fields (TF"
+                  " Serving's flag); clients reading them with tf.make_ndarray see no difference.")
+flags.DEFINE_bool("version", False, "Print the server's and TensorFlow's versions and exit (TF Serving's flag).")
+# TF Serving's flags for what this server does not have (accelerators, TensorFlow Lite, ALTS, plug-in
+# configs, its profiler service, file system caches): accepted with TF Serving's defaults, so that its
+# command lines run; see `_not_here`.
+flags.DEFINE_bool("flush_filesystem_caches", True, "TF Serving's flag, accepted: no file system cache is kept here.")
+flags.DEFINE_bool("remove_unused_fields_from_bundle_metagraph", True,
+                  "TF Serving's flag, accepted: only the signatures of a MetaGraph are kept here.")
+flags.DEFINE_bool("enable_profiler", True,
+                  "TF Serving's flag, accepted: this server offers no profiler service on its gRPC port.")
+flags.DEFINE_bool("skip_initialize_tpu", False, "TF Serving's flag, accepted: there is no TPU to initialise.")
+flags.DEFINE_bool("xla_gpu_compilation_enabled", False, "TF Serving's flag, accepted: no GPU here.")
+flags.DEFINE_float("per_process_gpu_memory_fraction", 0.0, "TF Serving's flag, accepted: no GPU here.")
+flags.DEFINE_integer("num_tflite_pools", os.cpu_count() or 1, "TF Serving's flag (TensorFlow Lite), accepted.")
+flags.DEFINE_integer("num_tflite_interpreters_per_pool", 1, "TF Serving's flag (TensorFlow Lite), accepted.")
+flags.DEFINE_bool("xla_cpu_compilation_enabled", False,
+                  "TF Serving's flag, accepted: functions saved with jit_compile=True are compiled here either way"
+                  " (TF Serving refuses them without it).")
+flags.DEFINE_bool("prefer_tflite_model", False, "TF Serving's flag; true is refused: this server loads SavedModels.")
+flags.DEFINE_bool("use_alts_credentials", False, "TF Serving's flag; true is refused: ALTS exists on Google Cloud only.")
+flags.DEFINE_string("platform_config_file", None, "TF Serving's flag; refused: this server serves TensorFlow SavedModels.")
+flags.DEFINE_string("thread_pool_factory_config_file", None,
+                    "TF Serving's flag; refused: its thread pool factories are C++ plug-ins.")
+flags.DEFINE_string("mixed_precision", None, "TF Serving's flag; refused: models run in the precision they were saved in.")
 flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
                      "Threads one TensorFlow op may use (TF Serving's flag). 0: the cores divided by the model"
                      " calls that may run at once (--model_threads, or num_batch_threads with batching), at least 1.")
@@ -269,8 +297,35 @@ def apply_session_config(config, tf) -> None:
                         ", ".join(ignored))
 
 
+def _not_here() -> None:
+    """TF Serving's flags for what this server does not have: a value that asks for it is refused
+    in one line; an accepted one that changes nothing here is logged when it is not the default."""
+    refused = {
+        "prefer_tflite_model": "this server loads SavedModels only (no TensorFlow Lite)",
+        "use_alts_credentials": "ALTS is a Google Cloud transport; use --ssl_config_file",
+        "platform_config_file": "this server serves TensorFlow SavedModels only (no other platform or session"
+                                " bundle config)",
+        "thread_pool_factory_config_file": "TF Serving's thread pool factories are C++ plug-ins this server cannot load",
+        "mixed_precision": "models run in the precision they were saved in",
+    }
+    for name, reason in refused.items():
+        if FLAGS[name].value:
+            raise _error(f"--{name}: {reason}")
+    for name in ("flush_filesystem_caches", "remove_unused_fields_from_bundle_metagraph", "enable_profiler",
+                 "skip_initialize_tpu", "xla_gpu_compilation_enabled", "per_process_gpu_memory_fraction",
+                 "num_tflite_pools", "num_tflite_interpreters_per_pool", "xla_cpu_compilation_enabled"):
+        if FLAGS[name].present:
+            logging.info("--%s=%s is TF Serving's; it changes nothing here (%s)", name, FLAGS[name].value,
+                         FLAGS[name].help.split(": ", 1)[-1].rstrip("."))
+
+
 def main(argv):
     del argv
+    if FLAGS.version:  # TF Serving's two lines
+        from importlib.metadata import version
+        print(f"TensorFlow ModelServer: electra-serve {version('electra_tf')}\nTensorFlow Library: {version('tensorflow')}")
+        return
+    _not_here()
     if bool(FLAGS.model_base_path) == bool(FLAGS.model_config_file):
         raise app.UsageError("pass exactly one of --model_base_path or --model_config_file")
     # Every flag's range before anything else: a bad value costs a second, not a model load.
@@ -355,6 +410,7 @@ def main(argv):
         enable_cors=FLAGS.rest_api_enable_cors_support,
         allow_version_labels_for_unavailable_models=FLAGS.allow_version_labels_for_unavailable_models,
         enable_grpc_healthcheck=FLAGS.enable_grpc_healthcheck_service,
+        tensor_content=FLAGS.enable_serialization_as_tensor_content,
         load_options=LoadOptions(saved_model_tags=tuple(tag.strip() for tag in tags),
                                  max_num_load_retries=FLAGS.max_num_load_retries,
                                  load_retry_interval_seconds=FLAGS.load_retry_interval_micros / 1e6,

@@ -164,11 +164,24 @@ def test_tls_with_client_certificates_a_unix_socket_arguments_and_health(pki, tm
 
 
 def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, model_base):
+    """Also TF Serving's --enable_serialization_as_tensor_content (numbers as bytes) on that server."""
+    from tensorflow_serving.apis import predict_pb2
+
     sock = str(tmp_path / "plain.sock")
-    with ModelServer(model_base, rest_port=None, grpc_port=None, grpc_socket_path=sock) as server:
+    with ModelServer(model_base, rest_port=None, grpc_port=None, grpc_socket_path=sock, tensor_content=True) as server:
         assert server.grpc_port is None
         with GrpcClient(f"unix:{sock}", None, "tiny", timeout=20) as c:
             assert c.status()["model_version_status"][0]["state"] == "AVAILABLE"
+            np.testing.assert_array_equal(c.predict({"ids": np.array([3, 0], np.int32)}, "lookup")["value"], [4.0, 1.0])
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name, request.model_spec.signature_name = "tiny", "lookup"
+            request.inputs["ids"].dtype, _ = 3, request.inputs["ids"].tensor_shape.dim.add(size=2)  # DT_INT32
+            request.inputs["ids"].int_val.extend([3, 0])
+            call = c.channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
+                                         request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                                         response_deserializer=predict_pb2.PredictResponse.FromString)
+            value = call(request, timeout=20).outputs["value"]
+            assert not value.float_val and value.tensor_content == np.array([4.0, 1.0], "<f4").tobytes()
         with pytest.raises(grpc.RpcError) as off:
             health(f"unix:{sock}", "")
         assert off.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -126,6 +126,10 @@ def test_out_of_range_flags_equal_ports_and_a_taken_port_are_refused_before_tens
             ("--load_retry_interval_micros=-1", "--saved_model_tags=serve,"): "--saved_model_tags must be tags"
                                                                               " separated by commas",
             ("--batching_parameters_file=b.config",): "--batching_parameters_file is set without --enable_batching",
+            ("--prefer_tflite_model",): "--prefer_tflite_model: this server loads SavedModels only",
+            ("--use_alts_credentials",): "--use_alts_credentials: ALTS is a Google Cloud transport",
+            ("--platform_config_file=p.config",): "--platform_config_file: this server serves TensorFlow SavedModels",
+            ("--mixed_precision=bfloat16",): "--mixed_precision: models run in the precision they were saved in",
             ("--tensorflow_intra_op_parallelism=1", "--tensorflow_inter_op_parallelism=1",
              "--tensorflow_session_parallelism=1"): "not all three",
         }
@@ -133,7 +137,11 @@ def test_out_of_range_flags_equal_ports_and_a_taken_port_are_refused_before_tens
         commands = [[sys.executable, "-X", "importtime", "-m", "electra_tf.tools.serve",
                      f"--model_base_path={model_base}", *flags] for flags in cases]
         commands.append(serve(f"--model_base_path={tmp_path}/nowhere"))
+        commands.append(serve("--version", "--enable_profiler=false", "--flush_filesystem_caches=false"))
         results = run_all(commands)
+    version = results.pop()
+    assert version.returncode == 0 and version.stdout.startswith("TensorFlow ModelServer: electra-serve "), version
+    assert version.stdout.splitlines()[1].startswith("TensorFlow Library: 2."), version.stdout
     for (flags, words), result in zip(cases.items(), results):
         lines = [line for line in result.stderr.splitlines() if not line.startswith("import time:")]
         assert result.returncode == 1 and len(lines) == 1, (flags, result.stderr[-2000:])
