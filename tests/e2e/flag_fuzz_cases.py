@@ -138,8 +138,10 @@ def base_flags(module: str, user: Path, out: Path, server: str) -> dict[str, obj
                       output=str(out / "scores.tsv"), batch_size=2),
         "export": dict(checkpoint=electric, export_base=str(out / "export"), model_name="electric",
                        max_seq_length=16),
+        # No load retries: TF Serving's 5 a minute apart hold the start of a server whose
+        # mutated flags fail the load (e.g. --saved_model_tags) for 5 minutes, as TF Serving's.
         "serve": dict(model_base_path=str(user / "export" / "electric"), rest_api_port=0, port=0,
-                      host="127.0.0.1", file_system_poll_wait_seconds=0),
+                      host="127.0.0.1", file_system_poll_wait_seconds=0, max_num_load_retries=0),
         "client": dict(server=server, model_name="electric", signature_name="score",
                        text=["the film was good"]),
         "pretrain_smoke": dict(workdir=str(out / "smoke"), num_documents=8, vocab_size=150, steps=1,
