@@ -328,12 +328,14 @@ class ModelManager:
                 self.metrics.observe_load(path, time.monotonic() - start, succeeded=False)
             elif isinstance(e, warmup.WarmupError):
                 self.metrics.observe_warmup(path, time.monotonic() - start - loaded, status="UNKNOWN")
-            servable = None
-            _release_unloaded()  # what it loaded goes, with the exception's frames
-            # The exception itself would keep the failed version alive through its traceback.
+            # The text and code, not the exception: its traceback would keep the failed version alive.
             code = e.code.value[0] if isinstance(e, ServingError) else getattr(e, "error_code", 0)
-            return None, _Failure(str(e), code)
-        return (servable, loaded, warmed, start), None
+            failure = _Failure(str(e), code)
+        else:
+            return (servable, loaded, warmed, start), None
+        servable = None
+        _release_unloaded()  # what it loaded goes, now that the exception and its frames are gone
+        return None, failure
 
     def _give_up(self, name: str, version: int, path: str, record: _VersionRecord, error: Exception,
                  fingerprint: tuple) -> None:
@@ -369,7 +371,7 @@ class ModelManager:
         servable = warmed = None
         for attempt in range(options.max_num_load_retries + 1):
             if attempt:
-                if self._stop.wait(max(options.load_retry_interval_seconds, 0.0)):
+                if self._stop.wait(min(max(options.load_retry_interval_seconds, 0.0), threading.TIMEOUT_MAX)):
                     log.info("%s version %d: retries cancelled (the server stops)", name, version)
                     break
                 if not os.path.isdir(path):

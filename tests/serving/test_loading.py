@@ -93,11 +93,12 @@ def test_retries_end_with_the_error_and_a_stop_or_a_removed_folder_cancels_them(
         assert sum("failed to load" in m for _, m in lines.records) == 3  # the first try and two retries
         assert base not in message  # the server's paths stay in its log
 
-        # a stop during the wait ends the retries at once, not after the 60 s interval
+        # a stop during the wait ends the retries at once, not after the interval
         base2 = str(tmp_path / "m2")
         broken_version(model_templates, base2)
         slow = ModelManager([ModelConfig("m2", base2)], warmup_iterations=0,
-                            load_options=LoadOptions(max_num_load_retries=5, load_retry_interval_seconds=60))
+                            load_options=LoadOptions(max_num_load_retries=5,  # the flag's largest interval
+                                                     load_retry_interval_seconds=(2**63 - 1) / 1e6))
         polling = threading.Thread(target=slow.poll)
         started = time.monotonic()
         polling.start()
