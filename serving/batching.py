@@ -104,6 +104,8 @@ def _batching_parameters_proto():
         ("thread_pool_name", F.TYPE_MESSAGE, ".google.protobuf.StringValue", F.LABEL_OPTIONAL),
         ("allowed_batch_sizes", F.TYPE_INT64, None, F.LABEL_REPEATED),
         ("pad_variable_length_inputs", F.TYPE_BOOL, None, F.LABEL_OPTIONAL),
+        ("enable_large_batch_splitting", F.TYPE_MESSAGE, ".google.protobuf.BoolValue", F.LABEL_OPTIONAL),
+        ("max_execution_batch_size", F.TYPE_MESSAGE, ".google.protobuf.Int64Value", F.LABEL_OPTIONAL),
     ]
     for number, (name, type_, type_name, label) in enumerate(fields, start=1):
         message.field.add(name=name, number=number, type=type_, label=label, **({"type_name": type_name} if type_name else {}))
@@ -120,18 +122,52 @@ class BatchingParameters:
         batch_timeout_micros: how long a batch that is not full may wait for more requests.
         max_enqueued_batches: queued (not yet running) batches per queue; above, UNAVAILABLE.
         num_batch_threads: batches run at once.
+        allowed_batch_sizes: the row counts a batch may have, increasing, the last
+            max_batch_size: a batch is padded up to the next one with copies of its last
+            request's first row, and those rows' outputs dropped (for models compiled per batch
+            size). Empty: any size.
+        pad_variable_length_inputs: requests whose inputs differ in their other dimensions
+            batch together, each input padded to the batch's largest with its own first value
+            (the outputs keep the padded size, as in TF Serving).
+        enable_large_batch_splitting: a request with more rows than max_execution_batch_size
+            runs as several batches (max_batch_size then bounds the request, max_execution_batch_size
+            the batch; its default is max_batch_size).
     """
 
     max_batch_size: int = 1000
     batch_timeout_micros: int = 0
     max_enqueued_batches: int = 10
     num_batch_threads: int = os.cpu_count() or 1
+    allowed_batch_sizes: tuple[int, ...] = ()
+    pad_variable_length_inputs: bool = False
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int | None = None
 
     def __post_init__(self):
         for name in _SUPPORTED:
             value = getattr(self, name)
             if not isinstance(value, int) or value < (0 if name == "batch_timeout_micros" else 1):
                 raise ValueError(f"batching parameter {name} must be {'>= 0' if name == 'batch_timeout_micros' else '>= 1'}, got {value!r}")
+        sizes = self.allowed_batch_sizes
+        if sizes and (sizes[0] < 1 or any(b <= a for a, b in zip(sizes, sizes[1:]))):
+            raise ValueError(f"allowed_batch_sizes must be increasing sizes >= 1, got {list(sizes)}")
+        if sizes and sizes[-1] != self.max_batch_size:  # TF Serving's words (bundle_factory_util.cc)
+            raise ValueError(f"Last entry in allowed_batch_sizes must match max_batch_size; last entry was"
+                             f" {sizes[-1]}; expected {self.max_batch_size}")
+        if self.max_execution_batch_size is not None and not 1 <= self.max_execution_batch_size <= self.max_batch_size:
+            raise ValueError(f"max_execution_batch_size must be from 1 to max_batch_size ({self.max_batch_size}), got"
+                             f" {self.max_execution_batch_size}")
+
+    @property
+    def execution_batch_size(self) -> int:
+        """The most rows one model call takes."""
+        if self.enable_large_batch_splitting and self.max_execution_batch_size is not None:
+            return self.max_execution_batch_size
+        return self.max_batch_size
+
+    def padded_size(self, rows: int) -> int:
+        """`rows` rounded up to the next allowed batch size (TF Serving's RoundToLowestAllowedBatchSize)."""
+        return next((size for size in self.allowed_batch_sizes if size >= rows), rows)
 
     @classmethod
     def from_text(cls, text: str, where: str = "batching parameters") -> "BatchingParameters":
@@ -140,11 +176,13 @@ class BatchingParameters:
         try:
             text_format.Parse(text, proto)
         except text_format.ParseError as e:
-            raise ValueError(f"{where}: {e} (this server reads {', '.join(_SUPPORTED)})") from None
-        if proto.allowed_batch_sizes or proto.pad_variable_length_inputs:
-            name = "allowed_batch_sizes" if proto.allowed_batch_sizes else "pad_variable_length_inputs"
-            raise ValueError(f"{where}: {name} is a TF Serving field this server does not implement")
+            raise ValueError(f"{where}: {e}") from None
         values = {name: getattr(proto, name).value for name in _SUPPORTED if proto.HasField(name)}
+        values.update(allowed_batch_sizes=tuple(proto.allowed_batch_sizes),
+                      pad_variable_length_inputs=proto.pad_variable_length_inputs,
+                      enable_large_batch_splitting=proto.enable_large_batch_splitting.value)
+        if proto.HasField("max_execution_batch_size"):
+            values["max_execution_batch_size"] = proto.max_execution_batch_size.value
         try:
             return cls(**values)
         except ValueError as e:
@@ -330,6 +368,7 @@ class _Task:
         self.enqueued = time.monotonic()
         self.deadline = _DEADLINE.get()
         self.outputs: dict[str, np.ndarray] | None = None
+        self.parameters: BatchingParameters | None = None  # its queue's (set by Batcher._enqueue)
         self.error: BaseException | None = None
         self.done = threading.Event()
 
@@ -381,35 +420,53 @@ class Batcher:
         rows = _batch_rows(inputs)
         if rows is None:
             key, rows = object(), 1  # a queue of its own: it runs alone
-        else:
-            key = (signature, tuple(sorted((k, v.dtype.str, v.shape[1:]) for k, v in inputs.items())))
+        else:  # with pad_variable_length_inputs only the rank must agree, the sizes are padded
+            key = (signature, tuple(sorted((k, v.dtype.str, v.ndim if p.pad_variable_length_inputs else v.shape[1:])
+                                           for k, v in inputs.items())))
         if rows > p.max_batch_size:
             raise invalid(f"Task size {rows} is larger than maximum batch size {p.max_batch_size}")
+        limit = p.execution_batch_size
+        if rows <= limit:
+            return self._wait(self._enqueue(signature, inputs, rows, key, p))
+        # enable_large_batch_splitting: the request's rows run as several batches
+        tasks = [self._enqueue(signature, {k: v[start:start + limit] for k, v in inputs.items()},
+                               min(limit, rows - start), key, p) for start in range(0, rows, limit)]
+        parts = [self._wait(task) for task in tasks]
+        return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+
+    def _enqueue(self, signature: ModelCall, inputs: Mapping[str, np.ndarray], rows: int, key,
+                 p: BatchingParameters) -> _Task:
         task = _Task(signature, inputs, rows, key)
+        task.parameters = p
         if task.deadline is not None and task.enqueued >= task.deadline:
             raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, BATCH_QUEUE_TIMEOUT)
+        limit = p.execution_batch_size
         with self._cond:
             if self._stopping:
                 raise unavailable("the server is stopping")
             queue = self._queues.setdefault(key, _Queue(p))
-            if math.ceil((queue.rows + rows) / p.max_batch_size) > p.max_enqueued_batches:
+            if math.ceil((queue.rows + rows) / limit) > p.max_enqueued_batches:
                 if not queue.tasks:
                     del self._queues[key]
                 raise unavailable(
                     f"The batch scheduling queue to which this task was submitted is full"
-                    f" ({p.max_enqueued_batches} batches of {p.max_batch_size} rows wait)"
+                    f" ({p.max_enqueued_batches} batches of {limit} rows wait)"
                 )
             queue.tasks.append(task)
             queue.rows += rows
             self._cond.notify()
+        return task
+
+    def _wait(self, task: _Task) -> dict[str, np.ndarray]:
+        """The outputs of `task`; RESOURCE_EXHAUSTED if its deadline passes before a batch takes it."""
         if task.deadline is not None and not task.done.wait(max(0.0, task.deadline - time.monotonic())):
             with self._cond:
-                queue = self._queues.get(key)
+                queue = self._queues.get(task.key)
                 if queue is not None and task in queue.tasks:  # not taken into a batch yet
                     queue.tasks.remove(task)
                     queue.rows -= task.rows
                     if not queue.tasks:
-                        del self._queues[key]
+                        del self._queues[task.key]
                     raise ServingError(grpc.StatusCode.RESOURCE_EXHAUSTED, BATCH_QUEUE_TIMEOUT)
         task.done.wait()
         if task.error is not None:
@@ -453,7 +510,7 @@ class Batcher:
             now, due, wake = time.monotonic(), None, None
             for key, queue in self._queues.items():
                 oldest, timeout = queue.tasks[0].enqueued, queue.parameters.batch_timeout_micros / 1e6
-                if queue.rows >= queue.parameters.max_batch_size or now - oldest >= timeout or self._stopping:
+                if queue.rows >= queue.parameters.execution_batch_size or now - oldest >= timeout or self._stopping:
                     if due is None or oldest < self._queues[due].tasks[0].enqueued:
                         due = key
                 else:
@@ -468,7 +525,7 @@ class Batcher:
         """Under the lock: the oldest requests of `key`'s queue that fit a batch; those whose
         deadline has passed are answered RESOURCE_EXHAUSTED instead (module docstring)."""
         queue, batch, rows, now = self._queues[key], [], 0, time.monotonic()
-        while queue.tasks and rows + queue.tasks[0].rows <= queue.parameters.max_batch_size:
+        while queue.tasks and rows + queue.tasks[0].rows <= queue.parameters.execution_batch_size:
             task = queue.tasks.popleft()
             queue.rows -= task.rows
             if task.deadline is not None and now >= task.deadline:
@@ -486,16 +543,16 @@ class Batcher:
             self.stats.update(counts)
 
     def _process(self, batch: list[_Task]) -> None:
-        self._metrics.observe_batch(sum(task.rows for task in batch))
-        if len(batch) == 1:
+        p, total = batch[0].parameters, sum(task.rows for task in batch)
+        padded = p.padded_size(total)  # allowed_batch_sizes
+        self._metrics.observe_batch(padded)  # TF Serving's processed_batch_size counts the padding
+        if len(batch) == 1 and padded == total:
             self._count(batches=1)
             return batch[0].run_alone()
         signature = batch[0].signature
         try:
-            merged = {k: np.concatenate([t.inputs[k] for t in batch]) for k in batch[0].inputs}
-            outputs = signature.call(merged)
-            total = sum(t.rows for t in batch)
-            if any(v.ndim == 0 or v.shape[0] != total for v in outputs.values()):
+            outputs = signature.call(_merged(batch, padded - total, p.pad_variable_length_inputs))
+            if any(v.ndim == 0 or v.shape[0] != padded for v in outputs.values()):
                 raise ValueError("an output is not batch-major")
         except Exception as e:  # noqa: BLE001  (each request then gets its own answer)
             log.debug("batch of %d for %r ran request by request: %s", len(batch), signature.name, e)
@@ -505,8 +562,25 @@ class Batcher:
             return
         self._count(batches=1, merged=len(batch))
         start = 0
-        for task in batch:
+        for task in batch:  # the padding rows' outputs, past the last task's, are dropped
             task.outputs = {k: v[start:start + task.rows] for k, v in outputs.items()}
             start += task.rows
             task.done.set()
 
+
+def _merged(batch: list[_Task], padding_rows: int, pad_lengths: bool) -> dict[str, np.ndarray]:
+    """The batch's inputs, row after row; with `pad_lengths` each padded in its other dimensions
+    to the batch's largest with its own first value, and `padding_rows` copies of the last
+    task's first row after them (TF Serving's batching_session.cc pads both ways so)."""
+    merged = {}
+    for key in batch[0].inputs:
+        arrays = [task.inputs[key] for task in batch]
+        if pad_lengths:
+            widest = np.max([a.shape for a in arrays], axis=0)
+            arrays = [a if a.shape[1:] == tuple(widest[1:]) else
+                      np.pad(a, [(0, 0)] + [(0, int(w - d)) for w, d in zip(widest[1:], a.shape[1:])],
+                             constant_values=a.flat[0]) for a in arrays]
+        if padding_rows:
+            arrays.append(np.repeat(arrays[-1][:1], padding_rows, axis=0))
+        merged[key] = np.concatenate(arrays)
+    return merged

@@ -69,7 +69,11 @@ def test_batching_parameters_read_tf_serving_text(tmp_path):
         ("max_batch_sise { value: 4 }", 'no field named "max_batch_sise"'),
         ("max_batch_size { value: 0 }", "max_batch_size must be >= 1, got 0"),
         ("batch_timeout_micros { value: -1 }", "batch_timeout_micros must be >= 0"),
-        ("allowed_batch_sizes: 8", "allowed_batch_sizes is a TF Serving field this server does not implement"),
+        ("allowed_batch_sizes: 2 allowed_batch_sizes: 8", "Last entry in allowed_batch_sizes must match max_batch_size;"
+                                                         " last entry was 8; expected 1000"),
+        ("max_batch_size { value: 8 } allowed_batch_sizes: 4 allowed_batch_sizes: 2 allowed_batch_sizes: 8",
+         "allowed_batch_sizes must be increasing"),
+        ("max_batch_size { value: 8 } max_execution_batch_size { value: 9 }", "max_execution_batch_size must be from 1"),
         ("max_batch_size: 4", "max_batch_size"),
     ):
         with pytest.raises(ValueError, match=words.replace("(", r"\(")) as e:
@@ -129,3 +133,49 @@ def test_a_request_larger_than_max_batch_size_is_refused(servers):
     batched, _ = servers
     status, answer = post(batched, {"signature_name": "lookup", "instances": [0] * 17})
     assert status == 400 and answer["error"] == "Task size 17 is larger than maximum batch size 16"
+
+
+class Recorder:
+    """A model call that records the rows and widths of each call and answers each row's sum."""
+
+    name = "sum"
+
+    def __init__(self):
+        self.calls = []
+
+    def call(self, inputs):
+        ids = inputs["ids"]
+        self.calls.append(ids.shape)
+        return {"sum": ids.sum(axis=1), "ids": ids}
+
+
+def test_tf_servings_allowed_sizes_large_batch_splitting_and_variable_lengths(tmp_path):
+    from electra_tf.serving.batching import Batcher
+
+    config = BatchingParameters.from_text(
+        "max_batch_size { value: 8 } batch_timeout_micros { value: 300000 } num_batch_threads { value: 1 }"
+        " allowed_batch_sizes: 2 allowed_batch_sizes: 4 allowed_batch_sizes: 8"
+        " enable_large_batch_splitting { value: true } max_execution_batch_size { value: 4 }"
+        " pad_variable_length_inputs: true")
+    assert (config.allowed_batch_sizes, config.execution_batch_size) == ((2, 4, 8), 4)
+    assert [config.padded_size(n) for n in (1, 2, 3, 5)] == [2, 2, 4, 8]
+    batcher, model = Batcher(config), Recorder()
+    try:
+        # one row alone is padded to 2 with a copy of its first row; only its own answer comes back
+        out = batcher.run(model, {"ids": np.array([[1, 2, 3]])})
+        assert model.calls == [(2, 3)] and out["sum"].tolist() == [6]
+        # a request of 6 rows, above the execution size of 4, runs as a batch of 4 and one of 2
+        model.calls.clear()
+        rows = np.arange(12).reshape(6, 2)
+        out = batcher.run(model, {"ids": rows})
+        assert sorted(model.calls) == [(2, 2), (4, 2)] and out["sum"].tolist() == rows.sum(axis=1).tolist()
+        with pytest.raises(Exception, match="Task size 9 is larger than maximum batch size 8"):
+            batcher.run(model, {"ids": np.zeros((9, 2), np.int64)})
+        # requests of widths 2 and 3 share one call, the narrow one padded with its first value
+        model.calls.clear()
+        answers = together(lambda ids: batcher.run(model, {"ids": np.array(ids)}), [[[5, 1]], [[1, 1, 1]], [[2, 2, 2]]])
+        assert model.calls == [(4, 3)], model.calls  # 3 rows, padded to the allowed 4
+        assert [a["sum"].tolist() for a in answers] == [[11], [3], [6]]  # [5, 1] + 5: TF Serving's padding value
+        assert answers[0]["ids"].tolist() == [[5, 1, 5]]  # the outputs keep the padded width, as in TF Serving
+    finally:
+        batcher.stop()
