@@ -32,7 +32,11 @@ call that started in time runs to its end and is answered (TF Serving cancels th
 run; a TensorFlow function called from Python cannot be cancelled).
 
 `BatchingParameters` reads TF Serving's `--batching_parameters_file` (a text
-`BatchingParameters` proto); its defaults are TF Serving's (`BasicBatchScheduler::Options`).
+`BatchingParameters` proto); its defaults are TF Serving's (`BasicBatchScheduler::Options`), and
+its `allowed_batch_sizes`, `enable_large_batch_splitting` / `max_execution_batch_size` and
+`pad_variable_length_inputs` do what batching_session.cc does with them (`_merged`; a large
+request is split into execution-sized parts up front, where TF Serving also splits one to fill a
+batch's remaining room: the answers are the same).
 
 Per-model parameters (TF Serving's --enable_per_model_batching_parameters): a signature whose
 `batching` attribute holds its version's own `BatchingParameters` (read from the version's
