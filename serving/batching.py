@@ -549,7 +549,7 @@ class Batcher:
     def _process(self, batch: list[_Task]) -> None:
         p, total = batch[0].parameters, sum(task.rows for task in batch)
         padded = p.padded_size(total)  # allowed_batch_sizes
-        self._metrics.observe_batch(padded)  # TF Serving's processed_batch_size counts the padding
+        self._metrics.observe_batch(padded, padded - total)  # TF Serving's processed_batch_size counts the padding
         if len(batch) == 1 and padded == total:
             self._count(batches=1)
             return batch[0].run_alone()

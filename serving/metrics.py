@@ -14,6 +14,8 @@ for `tensorflow_model_server` reads this server too:
     :tensorflow:cc:saved_model:load_latency    microseconds spent loading, per version folder
     :tensorflow:cc:saved_model:load_attempt_count   model_path, status ("success" or "fail")
     :tensorflow:serving:batching_session:processed_batch_size   histogram of rows per batch run
+    :tensorflow:serving:batching_session:padding_size   rows added to reach an allowed batch size;
+        execution_batch_size
     process_resident_memory_bytes, process_cpu_seconds_total, ...   prometheus_client's process metrics
 
 As in TF Serving: API is the gRPC method name ("Predict", "Classify", ...) or the REST verb
@@ -170,6 +172,8 @@ _FAMILIES = {
         "The number of times a SavedModel was successfully loaded.", ("model_path", "status"), None),
     ":tensorflow:serving:batching_session:processed_batch_size": (
         "Tracks the batch size distribution on processing.", (), _BATCH_BUCKETS),
+    ":tensorflow:serving:batching_session:padding_size": (
+        "Tracks the padding size distribution on batches.", ("execution_batch_size",), _BATCH_BUCKETS),
 }
 
 
@@ -277,10 +281,12 @@ class Metrics:
         if self.enabled:
             self._add(":tensorflow:serving:model_warmup_latency", (model_path, status), seconds * 1e6)
 
-    def observe_batch(self, rows: int) -> None:
-        """One model call of the batching scheduler on `rows` rows."""
+    def observe_batch(self, rows: int, padding: int = 0) -> None:
+        """One model call of the batching scheduler on `rows` rows, `padding` of them added to reach
+        an allowed batch size (recorded for every batch, as TF Serving's MergeInputTensors)."""
         if self.enabled:
             self._add(":tensorflow:serving:batching_session:processed_batch_size", (), rows)
+            self._add(":tensorflow:serving:batching_session:padding_size", (str(rows),), padding)
 
     # --- the page
 

@@ -105,6 +105,7 @@ def test_metrics_count_every_request_and_time_the_successful_ones():
     with metrics.request("a name no one serves", "Predict", "GRPC") as call:
         call.status = grpc.StatusCode.NOT_FOUND  # as a gRPC method leaves it with context.abort
     metrics.observe_batch(3)
+    metrics.observe_batch(8, padding=3)  # 5 rows padded to an allowed batch size of 8
     page = metrics.exposition().decode()
     samples = _samples(page)
     assert _series(samples, REQUEST_COUNT) == {
@@ -118,7 +119,9 @@ def test_metrics_count_every_request_and_time_the_successful_ones():
     # TF Serving's exposition: no `_total` suffix, bucket bounds in six digits.
     assert '\n:tensorflow:serving:request_count{model_name="tiny",status="OK"} 1.0\n' in page
     assert 'le="32.4"' in page and 'le="1.47476e+09"' in page
-    assert _value(samples, ":tensorflow:serving:batching_session:processed_batch_size_sum") == 3
+    assert _value(samples, ":tensorflow:serving:batching_session:processed_batch_size_sum") == 3 + 8
+    padding = ":tensorflow:serving:batching_session:padding_size_sum"
+    assert (_value(samples, padding, execution_batch_size="3"), _value(samples, padding, execution_batch_size="8")) == (0, 3)
     assert _value(samples, "process_resident_memory_bytes") > 0
 
     off = Metrics()
