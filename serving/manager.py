@@ -29,7 +29,7 @@ from electra_tf.serving.errors import ServingError, failed_precondition, invalid
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig, ModelConfigError, read_models_config, unavailable_label
 from electra_tf.serving import warmup
-from electra_tf.serving.batching import (
+from electra_tf.serving.batching_parameters import (
     MODEL_BATCHING_FILE, NOT_BATCHED, BatchingParameters, read_model_batching_parameters)
 from electra_tf.serving.budget import release_freed_heap
 from electra_tf.serving.servables import Servable
@@ -144,7 +144,7 @@ class LoadOptions:
             another. The versions of one model always load in turn.
         per_model_batching: the server's batching parameters when each version's own
             `batching_params.pbtxt` decides its batching (--enable_per_model_batching_parameters,
-            `serving.batching.read_model_batching_parameters`): a file that does not parse fails
+            `serving.batching_parameters.read_model_batching_parameters`): a file that does not parse fails
             the load; None (the default): every version batches as the server does.
         check_method_names: --enable_signature_method_name_check (default false, as TF
             Serving): Predict, Classify and Regress also check a signature's method name

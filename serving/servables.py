@@ -144,7 +144,7 @@ class Servable:
     def __init__(self, name: str, version: int, path: str, tags: Sequence[str] = ("serve",), batching=None,
                  check_method_names: bool = False):
         """`batching`: this version's own batching for each of its signatures (TF Serving's
-        per-model batching parameters, `serving.batching.read_model_batching_parameters`); None:
+        per-model batching parameters, `serving.batching_parameters.read_model_batching_parameters`); None:
         the server's. `check_method_names`: TF Serving's --enable_signature_method_name_check
         (`predict_signature`, `inference_api.example_signature`)."""
         self.name, self.version, self.path = name, version, path

@@ -18,6 +18,7 @@ The modules, from the model outward:
   servables.py         a loaded SavedModel version and its signatures (checks and runs requests);
   manager.py           which versions are loaded, polling, version policies, status;
   batching.py          schedules model calls (arrival order, or TF Serving's --enable_batching);
+  batching_parameters.py  TF Serving's batching parameters (--batching_parameters_file, per model);
   json_api.py          REST JSON bodies <-> tensors, status and metadata documents;
   rest_connections.py  REST connections (thread per connection, idle timeout, cap, body limit);
   rest.py              the REST routes;
@@ -53,7 +54,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2,
 )
 
-from electra_tf.serving.batching import Batcher, BatchingParameters, Unbatched
+from electra_tf.serving.batching import Batcher, Unbatched
+from electra_tf.serving.batching_parameters import BatchingParameters
 from electra_tf.serving.budget import ParseBudget
 from electra_tf.serving.defaults import (
     DEFAULT_MAX_BATCH_SIZE,

@@ -40,7 +40,7 @@ from absl import app, flags, logging
 
 from electra_tf import cli
 from electra_tf.serving import model_config
-from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.batching_parameters import BatchingParameters, read_batching_parameters
 from electra_tf.serving.grpc_transport import TransportError, check_socket_path, parse_channel_arguments, read_ssl_config
 from electra_tf.serving.metrics import read_monitoring_config
 from electra_tf.serving.defaults import (

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from electra_tf.serving.batching import BatchingParameters, read_batching_parameters
+from electra_tf.serving.batching_parameters import BatchingParameters, read_batching_parameters
 from electra_tf.serving.server import ModelServer
 
 # One batch thread and a 200 ms window: requests sent together land in one batch.

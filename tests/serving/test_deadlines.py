@@ -20,8 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 import tensorflow as tf
 
-from electra_tf.serving.batching import (
-    BATCH_QUEUE_TIMEOUT, Batcher, BatchingParameters, FifoSlots, Unbatched, request_deadline)
+from electra_tf.serving.batching import BATCH_QUEUE_TIMEOUT, Batcher, FifoSlots, Unbatched, request_deadline
+from electra_tf.serving.batching_parameters import BatchingParameters
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.server import ModelServer
 

@@ -20,7 +20,7 @@ from google.protobuf import text_format
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, predict_pb2
 
-from electra_tf.serving.batching import BatchingParameters
+from electra_tf.serving.batching_parameters import BatchingParameters
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.json_api import json_to_array
 from electra_tf.serving.server import ModelServer

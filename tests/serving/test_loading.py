@@ -162,7 +162,7 @@ def test_per_model_batching_parameters_come_from_each_versions_file(model_templa
     import numpy as np
     import pytest
 
-    from electra_tf.serving.batching import BatchingParameters
+    from electra_tf.serving.batching_parameters import BatchingParameters
     from electra_tf.serving.errors import ServingError
 
     for name in ("own", "none", "broken"):
