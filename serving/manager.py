@@ -1,12 +1,13 @@
 """The model manager: which versions of which models are loaded, and their status.
 
-Models live in `BASE/NAME/VERSION/` (VERSION in ASCII digits, a positive int64: `version_of`). A
+Models live in `BASE/NAME/VERSION/` (VERSION in ASCII digits, a positive int64: serving/versions.py). A
 background thread polls the base paths, loads new versions and unloads removed ones, following each
 model's version policy (latest / all / specific, as in TF Serving's models.config). A base path that
 cannot be listed (renamed away during a redeploy, a storage hiccup) changes nothing: the loaded
 versions keep serving until it is back, as in TF Serving. A version that fails to load is
 logged, reported in its status (the error code and message TF Serving's GetModelStatus gives,
 without the server's paths: the log has them), and skipped; the versions already loaded keep serving.
+How versions load (MetaGraph tags, retries, load threads, per-model batching): `LoadOptions`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +33,7 @@ from electra_tf.serving.batching_parameters import (
     MODEL_BATCHING_FILE, NOT_BATCHED, BatchingParameters, read_model_batching_parameters)
 from electra_tf.serving.budget import release_freed_heap
 from electra_tf.serving.servables import Servable
+from electra_tf.serving.versions import fingerprint as _fingerprint, list_versions as _list_versions
 
 log = logging.getLogger(__name__)
 
@@ -56,55 +57,6 @@ class _VersionRecord:
         self.fingerprint: tuple | None = None  # of the directory when its load failed
 
 
-_VERSION_NAME = re.compile(r"[0-9]+")  # ASCII digits only: str.isdigit() and int() also take '٣' and '³'
-_INT64_MAX = 2**63 - 1
-_warned_duplicates: set[tuple[str, str, str]] = set()  # logged once, not at every poll
-
-
-def version_of(folder_name: str) -> int | None:
-    """The version a folder name stands for, or None.
-
-    TF Serving parses names with `strings::safe_strto64`: ASCII digits that fit in an int64,
-    leading zeros allowed (`00012` is version 12). Here also only versions >= 1 count (the REST
-    paths and version policies of this server are positive), and the blanks and minus sign
-    safe_strto64 would also let through (` 12`, `-3`) do not: no deploy tool writes them."""
-    if not _VERSION_NAME.fullmatch(folder_name):
-        return None
-    digits = folder_name.lstrip("0")
-    if not digits or len(digits) > 19 or int(digits) > _INT64_MAX:  # len first: int() of 4300+ digits raises
-        return None
-    return int(digits)
-
-
-def _list_versions(base_path: str) -> tuple[dict[int, str], set[int]]:
-    """({version: path} of the numbered version folders that hold a SavedModel, versions whose
-    folder holds none yet).
-
-    Raises OSError when the base path cannot be listed (gone, unmounted, not readable); the
-    caller then keeps what it has loaded, as TF Serving does when its poll fails."""
-    found, unfinished, names = {}, set(), {}
-    for entry in sorted(os.listdir(base_path)):  # TF Serving: of two names of one version (12, 00012) the last wins
-        version = version_of(entry)
-        path = os.path.join(base_path, entry)
-        if version is None or not os.path.isdir(path):
-            continue
-        if version in names and (base_path, names[version], entry) not in _warned_duplicates:
-            _warned_duplicates.add((base_path, names[version], entry))
-            log.warning("version folders %r and %r of %s are both version %d; serving %r",
-                        names[version], entry, base_path, version, entry)
-        names[version] = entry
-        # A folder without saved_model.pb is still being written: look again next poll.
-        if os.path.exists(os.path.join(path, "saved_model.pb")) or os.path.exists(
-            os.path.join(path, "saved_model.pbtxt")
-        ):
-            found[version] = path
-            unfinished.discard(version)
-        else:
-            found.pop(version, None)
-            unfinished.add(version)
-    return found, unfinished
-
-
 def _release_unloaded() -> None:
     """Free what a dropped version held: a loaded SavedModel's Python objects hold each other in
     cycles that only the cyclic collector frees, and glibc keeps the freed heap unless told. Without
@@ -112,18 +64,6 @@ def _release_unloaded() -> None:
     one version loaded at a time (docs/benchmarks.md, "A version's memory after it is unloaded")."""
     gc.collect()
     release_freed_heap()
-
-
-def _fingerprint(path: str) -> tuple:
-    items = []
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.stat(os.path.join(root, f))
-            except OSError:
-                continue
-            items.append((os.path.relpath(os.path.join(root, f), path), st.st_size, st.st_mtime_ns))
-    return (path, *sorted(items))
 
 
 @dataclass(frozen=True)

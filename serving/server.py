@@ -17,6 +17,7 @@ see the same wire contract (TF Serving's g3doc/api_rest.md and apis/*.proto):
 The modules, from the model outward:
   servables.py         a loaded SavedModel version and its signatures (checks and runs requests);
   manager.py           which versions are loaded, polling, version policies, status;
+  versions.py          the version folders of a base path, as TF Serving reads them;
   batching.py          schedules model calls (arrival order, or TF Serving's --enable_batching);
   batching_parameters.py  TF Serving's batching parameters (--batching_parameters_file, per model);
   json_api.py          REST JSON bodies <-> tensors, status and metadata documents;

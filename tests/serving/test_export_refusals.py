@@ -108,7 +108,7 @@ def test_a_killed_exports_staging_is_removed_by_the_next_export_of_any_name(fine
     import tensorflow as tf
 
     from electra_tf import files
-    from electra_tf.serving.manager import version_of
+    from electra_tf.serving.versions import version_of
 
     base = tmp_path / "export"
     base.mkdir()

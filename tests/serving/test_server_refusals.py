@@ -22,7 +22,7 @@ import pytest
 
 from electra_tf.serving import model_config
 from electra_tf.serving.client import GrpcClient, RestClient, UnreachableServerError
-from electra_tf.serving.manager import _list_versions, version_of
+from electra_tf.serving.versions import list_versions as _list_versions, version_of
 from electra_tf.serving.server import ModelServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
