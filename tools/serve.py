@@ -82,8 +82,9 @@ flags.DEFINE_integer("rest_max_connections", DEFAULT_REST_MAX_CONNECTIONS,
 flags.DEFINE_integer("model_threads", None, "Model calls at once without batching (default or 0: one per core).")
 flags.DEFINE_bool("enable_batching", False, "Merge concurrent requests into batches (TF Serving's flag).")
 flags.DEFINE_string("batching_parameters_file", None,
-                    "With --enable_batching: a text BatchingParameters proto (max_batch_size, batch_timeout_micros,"
-                    " max_enqueued_batches, num_batch_threads) instead of TF Serving's defaults.")
+                    "With --enable_batching: a text BatchingParameters proto (TF Serving's fields: max_batch_size,"
+                    " batch_timeout_micros, max_enqueued_batches, num_batch_threads, allowed_batch_sizes, ...)"
+                    " instead of TF Serving's defaults.")
 flags.DEFINE_bool("enable_per_model_batching_parameters", False,
                   "With --enable_batching: each version's batching_params.pbtxt (a BatchingParameters text proto in"
                   " its folder) sets its batching, batch threads aside; a version without one is not batched (TF"
