@@ -68,7 +68,7 @@ from electra_tf.serving.defaults import (
 )
 from electra_tf.serving.errors import ServingError
 from electra_tf.serving.grpc_api import ModelService, PredictionService, add_servicer
-from electra_tf.serving.grpc_transport import HealthService, SslConfig
+from electra_tf.serving.grpc_transport import HealthService, SslConfig, check_socket_path
 from electra_tf.serving.manager import LoadOptions, ModelManager
 from electra_tf.serving.metrics import Metrics
 from electra_tf.serving.model_config import ModelConfig
@@ -244,6 +244,8 @@ class ModelServer:
         cannot be opened; nothing is left running then. The ports are tried before the models
         load, so that a taken port is reported at once rather than after a long load."""
         check_ports(self.host, *self._requested_ports)
+        if self._grpc_socket_path:  # gRPC would unlink a live server's socket: TransportError instead
+            self._grpc_socket_path = check_socket_path(self._grpc_socket_path)
         self.manager.poll()
         for name in self.manager.configs:
             try:

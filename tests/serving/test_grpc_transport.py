@@ -175,8 +175,10 @@ def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, m
             np.testing.assert_array_equal(c.predict({"ids": np.array([3, 0], np.int32)}, "lookup")["value"], [4.0, 1.0])
             request = predict_pb2.PredictRequest()
             request.model_spec.name, request.model_spec.signature_name = "tiny", "lookup"
-            request.inputs["ids"].dtype, _ = 3, request.inputs["ids"].tensor_shape.dim.add(size=2)  # DT_INT32
-            request.inputs["ids"].int_val.extend([3, 0])
+            ids = request.inputs["ids"]
+            ids.dtype = 3  # DT_INT32
+            ids.tensor_shape.dim.add(size=2)
+            ids.int_val.extend([3, 0])
             call = c.channel.unary_unary("/tensorflow.serving.PredictionService/Predict",
                                          request_serializer=predict_pb2.PredictRequest.SerializeToString,
                                          response_deserializer=predict_pb2.PredictResponse.FromString)
@@ -185,6 +187,11 @@ def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, m
         with pytest.raises(grpc.RpcError) as off:
             health(f"unix:{sock}", "")
         assert off.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # a second server on the same socket is refused, and the first keeps its socket
+        with pytest.raises(TransportError, match="another server listens on"):
+            ModelServer(model_base, rest_port=None, grpc_port=None, grpc_socket_path=sock).start()
+        with GrpcClient(f"unix:{sock}", None, "tiny", timeout=20) as c:
+            assert c.status()["model_version_status"][0]["state"] == "AVAILABLE"
 
 
 @pytest.mark.multiprocess
