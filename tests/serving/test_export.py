@@ -1448,8 +1448,8 @@ def test_an_unloaded_or_failed_version_is_freed_at_once(exports, tmp_path, monke
     loaded = {}
 
     class Recorded(M.Servable):
-        def __init__(self, name, version, path):
-            super().__init__(name, version, path)
+        def __init__(self, name, version, path, **options):
+            super().__init__(name, version, path, **options)
             # The signature's graph: the loaded root goes by reference counting, its graphs only
             # with a collection (~35,000 objects for ELECTRA-Small).
             loaded[version] = weakref.ref(self._loaded.signatures["serving_default"].graph)
