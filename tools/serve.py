@@ -7,9 +7,9 @@ Flags carry TF Serving's names, so the same command line reads the same against
 Serving disables REST with --rest_api_port=0); the bound URLs are logged. Batching takes TF
 Serving's --enable_batching, --batching_parameters_file and --enable_per_model_batching_parameters;
 --rest_idle_timeout_seconds, --rest_max_connections and --model_threads are this server's own
-(serving/rest_connections.py, serving/batching.py). --tensorflow_intra_op_parallelism and --tensorflow_inter_op_parallelism are
-TF Serving's; their default differs (see `intra_op_threads`). --monitoring_config_file is TF
-Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py). So are
+(serving/rest_connections.py, serving/batching.py). --tensorflow_intra_op_parallelism and
+--tensorflow_inter_op_parallelism are TF Serving's; their default differs (see
+`serving.defaults.intra_op_threads`). --monitoring_config_file is TF Serving's: Prometheus metrics under its names on the REST port (serving/metrics.py). So are
 --rest_api_timeout_in_ms (a REST request's deadline; a gRPC request has its client's: a request
 still waiting for the model when it passes is answered unrun, serving/batching.py),
 --rest_api_num_threads, --rest_api_enable_cors_support, --grpc_max_threads (= --grpc_threads) and
@@ -48,6 +48,7 @@ from electra_tf.serving.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_REST_IDLE_TIMEOUT_SECONDS,
     DEFAULT_REST_MAX_CONNECTIONS,
+    intra_op_threads,
     limit_error,
 )
 from electra_tf.serving.ports import PortError, check_ports
@@ -170,19 +171,6 @@ flags.DEFINE_integer("tensorflow_intra_op_parallelism", 0,
                      " calls that may run at once (--model_threads, or num_batch_threads with batching), at least 1.")
 flags.DEFINE_integer("tensorflow_inter_op_parallelism", 0,
                      "Threads that run independent TensorFlow ops (TF Serving's flag). 0: TensorFlow's default.")
-
-
-def intra_op_threads(requested: int, concurrent_calls: int, cores: int) -> int:
-    """The intra-op pool size: `requested`, or with 0 the cores shared out between the model calls
-    that may run at once, so that those calls never ask for more threads than there are cores.
-
-    TF Serving's 0 lets every call use every core. Here the calls run at once are bounded
-    (`serving.batching`), and on a loaded server two calls that each spread tiny ops over all
-    cores only wait for each other: measured with `benchmarks/load_test_serving.py` on 2 cores (docs/benchmarks.md),
-    one thread per call answered a lone client faster (p50 7.8 vs 10.6 ms) and 8 loaded clients
-    with a p99 of 52 instead of 80 ms.
-    """
-    return requested or max(1, cores // max(1, concurrent_calls))
 
 
 # flag -> the ModelServer argument whose valid values (serving.defaults.limit_error) it takes

@@ -698,7 +698,7 @@ def test_serve_binary_rejects_a_bad_batching_file(model_base, tmp_path):
 
 
 def test_intra_op_threads_share_the_cores_between_concurrent_model_calls():
-    from electra_tf.tools.serve import intra_op_threads
+    from electra_tf.serving.defaults import intra_op_threads  # not the binary: its flags are process-wide
 
     assert intra_op_threads(0, concurrent_calls=2, cores=2) == 1  # the default server on 2 cores
     assert intra_op_threads(0, concurrent_calls=1, cores=8) == 8
