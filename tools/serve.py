@@ -288,7 +288,7 @@ def apply_session_config(config, tf) -> None:
 
 def _not_here() -> None:
     """TF Serving's flags for what this server does not have: a value that asks for it is refused
-    in one line; an accepted one that changes nothing here is logged when it is not the default."""
+    in one line; an accepted one that changes nothing here is logged when it is given."""
     refused = {
         "prefer_tflite_model": "this server loads SavedModels only (no TensorFlow Lite)",
         "use_alts_credentials": "ALTS is a Google Cloud transport; use --ssl_config_file",

@@ -76,13 +76,9 @@ def test_channel_arguments_read_as_tf_serving_passes_them():
     # absl's SimpleAtoi into an int32: blanks and a sign are a number, 2^31 and 1_000 are text
     assert parse_channel_arguments("a= -7 ,b=2147483648,c=1_000,d=") == [("a", -7), ("b", "2147483648"),
                                                                          ("c", "1_000"), ("d", "")]
-    for bad in ("grpc.keepalive_time_ms", "=5", "a=1,,b"):
-        if bad == "a=1,,b":
-            with pytest.raises(TransportError, match="'b' is not key=value"):
-                parse_channel_arguments(bad)
-        else:
-            with pytest.raises(TransportError, match="is not key=value"):
-                parse_channel_arguments(bad)
+    for bad, entry in (("grpc.keepalive_time_ms", "grpc.keepalive_time_ms"), ("=5", "=5"), ("a=1,,b", "b")):
+        with pytest.raises(TransportError, match=f"'{entry}' is not key=value"):
+            parse_channel_arguments(bad)
 
 
 def test_a_socket_path_is_refused_unless_free_or_left_by_a_dead_server(tmp_path):
@@ -160,7 +156,7 @@ def test_tls_with_client_certificates_a_unix_socket_arguments_and_health(pki, tm
             health(target, "tensorflow.serving.Nothing", trusted)
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert server.health.Check(HealthCheckRequest(service=""), None).status == NOT_SERVING
-    assert not os.path.exists(sock) or not server.grpc_port  # gRPC removes its socket when it stops
+    assert not os.path.exists(sock)  # gRPC removes its socket when it stops
 
 
 def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, model_base):
