@@ -8,31 +8,6 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-
-def _share_xla_compilations() -> None:
-    """One XLA compilation cache for the whole test run, on disk (TensorFlow's
-    `--tf_xla_persistent_cache_directory`): every training process compiles the optimizer's
-    fused update once per variable shape (~1.2 CPU-s of a short run's ~11), the same shapes in
-    most of the suite's ~150 training processes and forks. The first process to compile a
-    cluster writes it (a temporary file renamed into place), the others load it; the executables
-    are the same, so results are too. The folder is this run's: made by the first process that
-    loads this file (pytest's controller, before its workers start) and removed when it exits.
-    ELECTRA_TEST_XLA_CACHE=0 compiles in every process, as a user's run does."""
-    if os.environ.get("ELECTRA_TEST_XLA_CACHE"):
-        return  # off, or a worker: the controller's folder is in the environment
-    import atexit
-    import shutil
-    import tempfile
-
-    folder = tempfile.mkdtemp(prefix="electra_test_xla_cache_")
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    os.environ["ELECTRA_TEST_XLA_CACHE"] = folder
-    flags = os.environ.get("TF_XLA_FLAGS", "")
-    os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={folder}".strip()
-
-
-_share_xla_compilations()
-
 import tensorflow as tf  # noqa: E402
 
 _cpus = tf.config.list_physical_devices("CPU")
