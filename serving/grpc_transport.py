@@ -13,11 +13,14 @@ any model loads, so a wrong file costs a second and one line naming it.
 - `check_socket_path`: the UNIX socket gRPC also listens on. gRPC removes any socket file at that
   path before it binds, so a path another live server listens on is refused here rather than
   taken from it; a path holding anything but a socket (or a link) is refused, never removed.
-- `HealthService`: the standard `grpc.health.v1.Health/Check` (what Kubernetes' gRPC probes and
-  grpc_health_probe call), with TF Serving's statuses: "" (the server), "ModelService" and
-  "PredictionService" SERVING while the server runs, NOT_SERVING once it stops; any other name
-  NOT_FOUND. `Watch` is not offered (UNIMPLEMENTED): each watcher would hold one of the gRPC
-  threads that serve predictions.
+- `HealthService`: the standard `grpc.health.v1.Health` service (what Kubernetes' gRPC probes,
+  grpc_health_probe and load balancers call), with TF Serving's statuses: "" (the server),
+  "ModelService" and "PredictionService" SERVING while the server runs, NOT_SERVING once it
+  stops. `Check` answers any other name NOT_FOUND; `Watch` streams the status now and at each
+  change (SERVICE_UNKNOWN for another name, as gRPC's own service does), and ends after
+  NOT_SERVING when the server stops. A watcher holds one of the threads that serve predictions
+  for as long as it watches, so at most a quarter of them watch at once (at least one); one more
+  is refused RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ _health = _messages("grpc/health/v1/health.proto", "grpc.health.v1", {
     "HealthCheckResponse": [("status", "ServingStatus")],
 }, enums={"ServingStatus": ["UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN"]})
 HealthCheckRequest, HealthCheckResponse = _health["HealthCheckRequest"], _health["HealthCheckResponse"]
-SERVING, NOT_SERVING = 1, 2
+SERVING, NOT_SERVING, SERVICE_UNKNOWN = 1, 2, 3
 
 
 # --- SSL
@@ -195,27 +198,74 @@ def check_socket_path(path: str) -> str:
 
 
 class HealthService:
-    """grpc.health.v1.Health/Check with TF Serving's statuses (see the module's docstring)."""
+    """grpc.health.v1.Health (Check and Watch) with TF Serving's statuses (the module's docstring)."""
 
     NAMES = ("", "ModelService", "PredictionService")
 
-    def __init__(self):
+    def __init__(self, max_watchers: int = 1):
         self._status = SERVING
-        self._lock = threading.Lock()
+        self._closed = False
+        self._changed = threading.Condition()
+        self._watchers = 0
+        self.max_watchers = max(1, max_watchers)
 
     def set_serving(self, serving: bool) -> None:
-        with self._lock:
+        with self._changed:
             self._status = SERVING if serving else NOT_SERVING
+            self._closed = False
+            self._changed.notify_all()
+
+    def close(self) -> None:
+        """NOT_SERVING, and every Watch stream ends once it has sent that (the server is stopping)."""
+        with self._changed:
+            self._status, self._closed = NOT_SERVING, True
+            self._changed.notify_all()
 
     def Check(self, request, context):
         if request.service not in self.NAMES:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service[:200]!r}")
-        with self._lock:
+        with self._changed:
             return HealthCheckResponse(status=self._status)
 
+    def Watch(self, request, context):
+        known = request.service in self.NAMES
+        with self._changed:
+            refused = self._watchers >= self.max_watchers
+            if not refused:
+                self._watchers += 1
+        if refused:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.max_watchers} health watchers already (each holds a serving thread); "
+                          "use Check, or watch from fewer clients")
+        context.add_callback(self._wake)  # a cancelled stream stops waiting at once
+        try:
+            sent = None
+            while context.is_active():
+                with self._changed:
+                    status = self._status if known else SERVICE_UNKNOWN
+                    closed = self._closed
+                    if status == sent and not closed:
+                        self._changed.wait(timeout=5.0)
+                        continue
+                if status != sent:
+                    sent = status
+                    yield HealthCheckResponse(status=status)
+                if closed:
+                    return
+        finally:
+            with self._changed:
+                self._watchers -= 1
+
+    def _wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
     def add_to(self, server: grpc.Server) -> None:
-        handler = grpc.unary_unary_rpc_method_handler(
+        check = grpc.unary_unary_rpc_method_handler(
             self.Check, request_deserializer=HealthCheckRequest.FromString,
             response_serializer=HealthCheckResponse.SerializeToString)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("grpc.health.v1.Health", {"Check": handler}),))
+        watch = grpc.unary_stream_rpc_method_handler(
+            self.Watch, request_deserializer=HealthCheckRequest.FromString,
+            response_serializer=HealthCheckResponse.SerializeToString)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "grpc.health.v1.Health", {"Check": check, "Watch": watch}),))

@@ -221,7 +221,7 @@ class ModelServer:
         self._grpc_socket_path = grpc_socket_path
         self._grpc_channel_arguments = list(grpc_channel_arguments)
         self._ssl = ssl
-        self.health = HealthService() if enable_grpc_healthcheck else None
+        self.health = HealthService(max_watchers=grpc_threads // 4) if enable_grpc_healthcheck else None
         self._rest: RestServer | None = None
         self._rest_thread: threading.Thread | None = None
         self._grpc: grpc.Server | None = None
@@ -310,7 +310,7 @@ class ModelServer:
     def stop(self, grace_seconds: float = 2.0) -> None:
         """Stop polling, finish in-flight requests (up to `grace_seconds` for gRPC), close ports."""
         if self.health is not None:
-            self.health.set_serving(False)  # health checks during the grace period see the drain
+            self.health.close()  # checks during the grace period see the drain; watch streams end
         self.manager.stop()
         if self._grpc is not None:
             self._grpc.stop(grace_seconds).wait()

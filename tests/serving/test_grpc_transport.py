@@ -15,7 +15,7 @@ import pytest
 
 from electra_tf.serving.client import GrpcClient, ServingRequestError, UnreachableServerError, ssl_channel_credentials
 from electra_tf.serving.grpc_transport import (
-    NOT_SERVING, SERVING, HealthCheckRequest, HealthCheckResponse, TransportError, check_socket_path,
+    NOT_SERVING, SERVICE_UNKNOWN, SERVING, HealthCheckRequest, HealthCheckResponse, TransportError, check_socket_path,
     parse_channel_arguments, read_ssl_config)
 from electra_tf.serving.server import ModelServer
 
@@ -157,6 +157,47 @@ def test_tls_with_client_certificates_a_unix_socket_arguments_and_health(pki, tm
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert server.health.Check(HealthCheckRequest(service=""), None).status == NOT_SERVING
     assert not os.path.exists(sock)  # gRPC removes its socket when it stops
+
+
+def test_health_watch_streams_each_change_ends_when_the_server_stops_and_is_capped(model_base):
+    """Watch as gRPC's own health service answers it: the status at once and at each change,
+    SERVICE_UNKNOWN for another name; at most a quarter of the 8 gRPC threads (2) watch at once,
+    a third watcher is refused until one leaves; predictions are answered meanwhile; stopping the
+    server sends NOT_SERVING and ends the stream."""
+    import time
+
+    server = ModelServer(model_base, rest_port=None, enable_grpc_healthcheck=True, grpc_threads=8)
+    with server:
+        channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}")
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=HealthCheckRequest.SerializeToString,
+                                     response_deserializer=HealthCheckResponse.FromString)
+        stream = watch(HealthCheckRequest(service="PredictionService"), timeout=60)
+        assert next(stream).status == SERVING
+        unknown = watch(HealthCheckRequest(service="tensorflow.serving.Nothing"), timeout=60)
+        assert next(unknown).status == SERVICE_UNKNOWN
+        with pytest.raises(grpc.RpcError) as refused:
+            next(watch(HealthCheckRequest(service=""), timeout=60))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "2 health watchers already" in refused.value.details()
+        with GrpcClient("127.0.0.1", server.grpc_port, "tiny", timeout=20) as c:
+            np.testing.assert_array_equal(c.predict({"ids": np.array([3], np.int32)}, "lookup")["value"], [4.0])
+        unknown.cancel()  # its place is free again once its handler has returned
+        deadline = time.monotonic() + 10
+        while True:
+            third = watch(HealthCheckRequest(service=""), timeout=60)
+            try:
+                assert next(third).status == SERVING
+                break
+            except grpc.RpcError as error:
+                assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
+                time.sleep(0.05)
+        server.health.set_serving(False)
+        assert next(stream).status == NOT_SERVING and next(third).status == NOT_SERVING
+        server.health.set_serving(True)
+        assert next(stream).status == SERVING
+    assert [r.status for r in stream] == [NOT_SERVING]  # the last message, then the stream ends
+    channel.close()
 
 
 def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, model_base):
