@@ -19,8 +19,8 @@ any model loads, so a wrong file costs a second and one line naming it.
   stops. `Check` answers any other name NOT_FOUND; `Watch` streams the status now and at each
   change (SERVICE_UNKNOWN for another name, as gRPC's own service does), and ends after
   NOT_SERVING when the server stops. A watcher holds one of the threads that serve predictions
-  for as long as it watches, so at most a quarter of them watch at once (at least one); one more
-  is refused RESOURCE_EXHAUSTED.
+  for as long as it watches, so at most a quarter of them watch at once (none on a server of
+  fewer than 4); one more is refused RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -203,11 +203,12 @@ class HealthService:
     NAMES = ("", "ModelService", "PredictionService")
 
     def __init__(self, max_watchers: int = 1):
+        """`max_watchers`: Watch streams open at once (0: Watch is refused, Check still answers)."""
         self._status = SERVING
         self._closed = False
         self._changed = threading.Condition()
         self._watchers = 0
-        self.max_watchers = max(1, max_watchers)
+        self.max_watchers = max(0, max_watchers)
 
     def set_serving(self, serving: bool) -> None:
         with self._changed:
@@ -235,8 +236,8 @@ class HealthService:
                 self._watchers += 1
         if refused:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{self.max_watchers} health watchers already (each holds a serving thread); "
-                          "use Check, or watch from fewer clients")
+                          f"{self.max_watchers} health watcher(s) at most, each holding one of the server's "
+                          "gRPC threads (a quarter of --grpc_max_threads); use Check, or watch from fewer clients")
         context.add_callback(self._wake)  # a cancelled stream stops waiting at once
         try:
             sent = None

@@ -179,7 +179,7 @@ def test_health_watch_streams_each_change_ends_when_the_server_stops_and_is_capp
         with pytest.raises(grpc.RpcError) as refused:
             next(watch(HealthCheckRequest(service=""), timeout=60))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "2 health watchers already" in refused.value.details()
+        assert "2 health watcher(s) at most" in refused.value.details()
         with GrpcClient("127.0.0.1", server.grpc_port, "tiny", timeout=20) as c:
             np.testing.assert_array_equal(c.predict({"ids": np.array([3], np.int32)}, "lookup")["value"], [4.0])
         unknown.cancel()  # its place is free again once its handler has returned
@@ -198,6 +198,16 @@ def test_health_watch_streams_each_change_ends_when_the_server_stops_and_is_capp
         assert next(stream).status == SERVING
     assert [r.status for r in stream] == [NOT_SERVING]  # the last message, then the stream ends
     channel.close()
+    # A server of fewer than 4 gRPC threads keeps them all for requests: Watch refused, Check answers.
+    with ModelServer(model_base, rest_port=None, enable_grpc_healthcheck=True, grpc_threads=3) as small:
+        with grpc.insecure_channel(f"127.0.0.1:{small.grpc_port}") as channel:
+            watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                         request_serializer=HealthCheckRequest.SerializeToString,
+                                         response_deserializer=HealthCheckResponse.FromString)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(watch(HealthCheckRequest(service=""), timeout=60))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert health(f"127.0.0.1:{small.grpc_port}", "") == SERVING
 
 
 def test_health_is_off_unless_asked_and_the_socket_serves_plain_grpc(tmp_path, model_base):
