@@ -1,4 +1,4 @@
-r"""Learns a BERT WordPiece vocab with tf-text's bert_vocab_from_dataset.
+r"""Learns the BERT WordPiece vocab tf-text's bert_vocab_from_dataset learns, in less time.
 
   electra-build-vocab --output=vocab.txt [--input=corpus/*.txt ...] [--vocab_size=30522] \
       [--lower_case] [--num_unused=0]
