@@ -23,8 +23,11 @@ checks the vocabulary equals `bert_vocab_from_dataset`'s on real and synthetic c
 from __future__ import annotations
 
 import collections
+import math
+import time
 from typing import Mapping, Sequence
 
+from absl import logging
 from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib as tf_text_learner
 
 # TF Text's defaults for `learn` (tensorflow_text/tools/wordpiece_vocab/
@@ -71,17 +74,26 @@ class _Search:
 
     def run(self, lower: int, upper: int) -> list[str]:
         slack = max(0.0, self.p.slack_ratio * self.p.vocab_size)
+        start, step = time.time(), 0
+        logging.info("Learning WordPieces from %d distinct words: a search over the count "
+                     "threshold (%d-%d) of at most %d steps", len(self.words), lower, upper,
+                     _most_steps(lower, upper))
         while True:  # TF Text's recursion, as a loop
             thresh = (upper + lower) // 2
             vocab = self._learn_with_thresh(thresh)
-            size = len(vocab)
+            size, step = len(vocab), step + 1
             within_slack = size <= self.p.vocab_size and self.p.vocab_size - size <= slack
-            if within_slack or lower >= upper or thresh <= 1:
-                return vocab
-            if size > self.p.vocab_size:
+            done = within_slack or lower >= upper or thresh <= 1
+            if not done and size > self.p.vocab_size:
                 lower = thresh + 1
-            else:
+            elif not done:
                 upper = thresh - 1
+            elapsed = time.time() - start
+            logging.info("step %d: threshold %d -> %d tokens (target %d); %.1fs, %.1fs/step; "
+                         "steps left: %s", step, thresh, size, self.p.vocab_size, elapsed,
+                         elapsed / step, 0 if done else f"at most {_most_steps(lower, upper)}")
+            if done:
+                return vocab
 
     def _learn_with_thresh(self, thresh: int) -> list[str]:
         tokens = self._with_chars({t: c for t, c in self.round0.items() if c >= thresh})
@@ -121,3 +133,8 @@ class _Search:
             starts.append(start)
             start = end
         return starts
+
+
+def _most_steps(lower: int, upper: int) -> int:
+    """Steps the search takes at most from these bounds (it halves them until they meet)."""
+    return int(math.log2(max(upper - lower, 0) + 1)) + 1
