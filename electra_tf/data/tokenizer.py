@@ -347,19 +347,30 @@ def learn_vocab(
         raise ValueError(f"vocab_size {vocab_size} leaves no room for word pieces after the "
                          f"{len(reserved)} reserved tokens; give more than {len(reserved)}")
     raised = []  # what iterating `texts` raised
-    if not isinstance(texts, tf.data.Dataset):
+    if isinstance(texts, tf.data.Dataset):
+        batches = texts.batch(batch_size)
+    else:
         iterable = texts
 
         def generate():
+            # Lines go to tf.data a batch at a time: one element per line costs ~10x the counting.
+            batch = []
             try:
-                yield from iterable
+                for line in iterable:
+                    batch.append(line)
+                    if len(batch) == batch_size:
+                        yield batch
+                        batch = []
             except Exception as e:  # pylint: disable=broad-except
-                raised.append(e)  # the dataset ends here; raised below
+                raised.append(e)  # the dataset ends after the lines before it; raised below
+            if batch:
+                yield batch
 
-        texts = tf.data.Dataset.from_generator(generate, output_signature=tf.TensorSpec([], tf.string))
+        batches = tf.data.Dataset.from_generator(
+            generate, output_signature=tf.TensorSpec([None], tf.string))
     try:
         # What `bert_vocab_from_dataset` does: count the words BERT's pre-tokenizer finds, learn.
-        words = texts.batch(batch_size).map(bert_tokenizer.BasicTokenizer(lower_case=lower_case).tokenize)
+        words = batches.map(bert_tokenizer.BasicTokenizer(lower_case=lower_case).tokenize)
         word_counts = wordpiece_tokenizer_learner_lib.count_words(words.prefetch(2))
         vocab = wordpiece_learner.learn(word_counts, vocab_size, reserved)
     except StopIteration:  # the learner found no word to count
