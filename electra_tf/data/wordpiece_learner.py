@@ -48,6 +48,8 @@ def learn(word_counts: Mapping[str, int], vocab_size: int, reserved_tokens: Sequ
       vocab_size: the target size (an upper bound, see TF Text's `learn`).
       reserved_tokens: tokens placed first (specials).
     """
+    if not word_counts:  # (tf-text's `count_words` fails first, with StopIteration)
+        raise ValueError("no words to learn a WordPiece vocabulary from")
     p = tf_text_learner.Params(vocab_size=vocab_size, reserved_tokens=list(reserved_tokens),
                                **_LEARN_DEFAULTS)
     items = list(word_counts.items())

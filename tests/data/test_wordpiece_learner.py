@@ -67,6 +67,8 @@ def test_counts_with_the_joiner_inside_words_go_to_tf_texts_own_search():
     counts = collections.Counter({"##ab": 40, "xab": 30, "ab": 25, "a##": 12, "b": 11, "cab": 50})
     reserved = special_token_layout()
     assert wordpiece_learner.learn(counts, 40, reserved) == tf_text_learner.learn(counts, 40, reserved)
+    with pytest.raises(ValueError, match="no words to learn"):
+        wordpiece_learner.learn({}, 40, reserved)
 
 
 def test_a_dataset_an_iterator_and_a_list_of_the_lines_learn_the_same():
