@@ -70,6 +70,7 @@ class _Search:
 
     def __init__(self, words: list[tuple[str, int]], params):
         self.words, self.p = words, params
+        self.joiner = params.joiner if params.include_joiner_token else ""
         self.chars = tf_text_learner.extract_char_tokens(words)
         self.round0 = self._suffix_counts(
             (word, count, range(len(word))) for word, count in words)
@@ -112,8 +113,7 @@ class _Search:
 
     def _suffix_counts(self, splits) -> dict[str, int]:
         """token -> summed count of the words it ends, from one of the word's split starts."""
-        counts = collections.defaultdict(int)
-        joiner = self.p.joiner if self.p.include_joiner_token else ""
+        counts, joiner = collections.defaultdict(int), self.joiner
         for word, count, starts in splits:
             for start in starts:
                 counts[joiner + word[start:] if start else word] += count
@@ -122,8 +122,7 @@ class _Search:
     def _split_starts(self, word: str, tokens: dict[str, int]) -> list[int] | None:
         """Where TF Text's greedy longest-match-first split (`get_split_indices`) starts each
         piece of `word`, or None when a position matches no token."""
-        joiner = self.p.joiner if self.p.include_joiner_token else ""
-        starts, start, n = [], 0, len(word)
+        joiner, starts, start, n = self.joiner, [], 0, len(word)
         while start < n:
             end = n
             while end > start:

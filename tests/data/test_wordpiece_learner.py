@@ -64,9 +64,12 @@ def test_equals_tf_text_on_synthetic_corpora(seed, vocab_size, num_unused, lower
 
 def test_counts_with_the_joiner_inside_words_go_to_tf_texts_own_search():
     # BERT's pre-tokenizer never leaves "#" inside a word; counts from elsewhere may.
-    counts = collections.Counter({"##ab": 40, "xab": 30, "ab": 25, "a##": 12, "b": 11, "cab": 50})
+    # Here the word "##b" and the piece "##b" (the end of "ab") are one string: counted as one
+    # token they come out in another order than tf-text's (found by a random search over such
+    # counts; the test fails without the fallback).
+    counts = collections.Counter({"##": 14, "ab": 15, "ba#": 43, "b#": 14, "##b": 24})
     reserved = special_token_layout()
-    assert wordpiece_learner.learn(counts, 40, reserved) == tf_text_learner.learn(counts, 40, reserved)
+    assert wordpiece_learner.learn(counts, 12, reserved) == tf_text_learner.learn(counts, 12, reserved)
     with pytest.raises(ValueError, match="no words to learn"):
         wordpiece_learner.learn({}, 40, reserved)
 
