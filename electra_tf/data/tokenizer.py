@@ -315,7 +315,8 @@ def learn_vocab(
     batch_size: int = 1024,
 ) -> list[str]:
     """Learns a BERT WordPiece vocab: the one tf-text's `bert_vocab_from_dataset` learns, with
-    its learning step done by `wordpiece_learner.learn` (the same vocabulary, ~7x faster).
+    its learning step done by `wordpiece_learner.learn` (the same vocabulary, several times faster:
+    docs/benchmarks.md, "Learning a WordPiece vocabulary").
 
     Args:
       texts: a tf.data.Dataset of scalar strings, or any iterable of str (e.g. corpus lines).
