@@ -37,8 +37,12 @@ class WarmupError(Exception):
 
 
 def _records(path: str):
+    # No tf.data autotuning: an autotuned iterator's end waits for the tuner's next wake-up
+    # (electra_tf.data.pipeline.untuned), and a load waits for this one.
+    options = tf.data.Options()
+    options.autotune.enabled = False
     try:
-        for i, record in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+        for i, record in enumerate(tf.data.TFRecordDataset(path).with_options(options).as_numpy_iterator()):
             if i >= MAX_RECORDS:
                 raise WarmupError(f"{WARMUP_FILE} has more than {MAX_RECORDS} records (TF Serving's limit)")
             yield i, record

@@ -58,6 +58,26 @@ def pytest_runtest_setup(item):
     preloaded.allow(item.get_closest_marker("real_process") is None)
 
 
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def iterated_datasets(monkeypatch):
+    """Every tf.data dataset iterated while the test runs (each `iter()` of one, `for` loops and
+    `as_numpy_iterator` included, a distribution strategy's too), for checking their options."""
+    from tensorflow.python.data.ops import dataset_ops
+
+    seen = []
+    iterate = dataset_ops.DatasetV2.__iter__
+
+    def recording(dataset):
+        seen.append(dataset)
+        return iterate(dataset)
+
+    monkeypatch.setattr(dataset_ops.DatasetV2, "__iter__", recording)
+    return seen
+
+
 # What each test costs, for choosing what to cut: with ELECTRA_TEST_CPU_REPORT=PREFIX each worker
 # writes PREFIX.<worker>.jsonl, one line per test: its file, wall seconds, CPU seconds of the
 # worker and of the child processes it waited for, and how many processes it started.

@@ -7,6 +7,8 @@ training loop, the benchmarks and evaluation:
   epochs: the file list shuffled by (seed, epoch) -> deterministic parallel interleave of TFRecord
   readers -> shard by element (when there are fewer files than pipelines) -> seeded shuffle
   buffer -> skip to `start_step` -> batch (per-replica size) -> parse -> int32 -> prefetch.
+  Parallelism is fixed (files read side by side: the cycle length; batches parsed: 4, as the
+  authors' reader), not autotuned (`untuned`: an autotuned iterator's end waits for the tuner).
   The stream is a function of (files, seed), so a resumed run reads what it would have read
   (`pretraining_dataset`).
 
@@ -44,6 +46,26 @@ from electra_tf.files import is_remote
 from electra_tf.progress import format_duration
 
 _RECORD_OVERHEAD = 16  # TFRecord framing: u64 length, u32 length crc, u32 data crc
+
+# Batches parsed side by side, as the authors' reader (`pretrain_data.get_input_fn`:
+# `map_and_batch(num_parallel_batches=num_cpu_threads)`, num_cpu_threads=4).
+PARSE_CALLS = 4
+PREFETCH_BATCHES = 2
+
+
+def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """`dataset` with tf.data's autotuner off; its parallelism is whatever its stages give.
+
+    An autotuned iterator's destructor waits for the autotuner's thread to wake up, and the thread
+    sleeps longer between rounds the longer the iterator lives (up to a minute). Seen in `gdb`
+    (`~RootDataset::Iterator` waiting on the thread): the end of a pretraining run, of its
+    step-path probe or of a fine-tuning run stood still up to ~60 s with no CPU used
+    (docs/benchmarks.md, "An iterator's end waits for tf.data's autotuner"). Every pipeline of
+    the package runs untuned, with its parallelism given explicitly.
+    """
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options)
 
 
 class CorruptShardError(ValueError):
@@ -120,7 +142,7 @@ def _check_first_record(path: str, seq_length: int, on_damage: str = "raise") ->
     be read raises too (`on_damage="raise"`), is named in a warning ("warn": the reader skips the
     damage), or is left to `check_shards`' search for the damage ("locate")."""
     try:
-        first = next(iter(tf.data.TFRecordDataset(path).take(1)), None)
+        first = next(iter(untuned(tf.data.TFRecordDataset(path).take(1))), None)
     except tf.errors.OpError as e:
         if on_damage == "locate":
             return
@@ -277,8 +299,8 @@ def check_shards(file_pattern: str | Sequence[str], seq_length: int, skip_corrup
     d = tf.data.Dataset.from_tensor_slices((tf.range(len(files), dtype=tf.int64),
                                             tf.constant(files)))
     parallel = max(1, min(len(files), os.cpu_count() or 1))
-    d = d.interleave(shard_blocks, cycle_length=parallel, num_parallel_calls=parallel,
-                     deterministic=False)
+    d = untuned(d.interleave(shard_blocks, cycle_length=parallel, num_parallel_calls=parallel,
+                             deterministic=False))
     read, counts = [0] * len(files), [0] * len(files)
     smallest, largest = [0] * len(files), [0] * len(files)  # token ids
     start = last_log = time.time()
@@ -527,9 +549,10 @@ def pretraining_dataset(
 
     def records(order) -> tf.data.Dataset:  # this pipeline's part of the files, in `order`
         d = tf.data.Dataset.from_tensor_slices((tf.gather(names, order), tf.gather(sizes, order)))
+        cycle = max(1, min(cycle_length, len(files)))  # files read side by side
         d = d.interleave(lambda path, size: _checked_records(path, size, skip_corrupt),
-                         cycle_length=max(1, min(cycle_length, len(files))), block_length=1,
-                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+                         cycle_length=cycle, block_length=1, num_parallel_calls=cycle,
+                         deterministic=True)
         if not by_file and num_pipelines > 1:
             d = d.shard(num_pipelines, input_context.input_pipeline_id)
         return d
@@ -557,8 +580,8 @@ def pretraining_dataset(
     per_replica_batch = (
         input_context.get_per_replica_batch_size(batch_size) if input_context else batch_size)
     d = d.batch(per_replica_batch, drop_remainder=drop_remainder)
-    d = d.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return d.prefetch(tf.data.AUTOTUNE)
+    d = d.map(parse, num_parallel_calls=PARSE_CALLS, deterministic=True)
+    return untuned(d.prefetch(PREFETCH_BATCHES))
 
 
 def dataset_fn(file_pattern, global_batch_size: int, seq_length: int, **kwargs):

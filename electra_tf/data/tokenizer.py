@@ -338,6 +338,7 @@ def learn_vocab(
     from tensorflow_text.tools.wordpiece_vocab import wordpiece_tokenizer_learner_lib
 
     from electra_tf.data import wordpiece_learner
+    from electra_tf.data.pipeline import untuned
 
     reserved = special_token_layout(num_unused)
     if num_unused < 0:
@@ -372,7 +373,7 @@ def learn_vocab(
     try:
         # What `bert_vocab_from_dataset` does: count the words BERT's pre-tokenizer finds, learn.
         words = batches.map(bert_tokenizer.BasicTokenizer(lower_case=lower_case).tokenize)
-        word_counts = wordpiece_tokenizer_learner_lib.count_words(words.prefetch(2))
+        word_counts = wordpiece_tokenizer_learner_lib.count_words(untuned(words.prefetch(2)))
         vocab = wordpiece_learner.learn(word_counts, vocab_size, reserved)
     except StopIteration:  # the learner found no word to count
         if raised:

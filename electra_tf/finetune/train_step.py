@@ -28,20 +28,16 @@ def make_train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: i
     """
     import tensorflow as tf
 
+    from electra_tf.data.pipeline import untuned  # an autotuned iterator's end waits for the tuner
     from electra_tf.training import step_path
-
-    # No tf.data autotuning: nothing here is tunable (a fixed prefetch), and an autotuned
-    # iterator's destructor waits for the autotune thread's next wake-up, which stalled the end of
-    # a run for up to ~35 s (seen in `gdb`: ~Iterator joining Model::OptimizeLoop).
-    options = tf.data.Options()
-    options.autotune.enabled = False
 
     def distributed_input():
         # A dataset object of its own each time: its shuffle's seed state advances with every
         # iterator made from it, so the probe's input must not come from the run's dataset.
         dataset = (tf.data.Dataset.from_tensor_slices(arrays)
                    .shuffle(len(arrays["input_ids"]), seed=seed, reshuffle_each_iteration=True)
-                   .repeat().batch(batch, drop_remainder=True).prefetch(2).with_options(options))
+                   .repeat().batch(batch, drop_remainder=True).prefetch(2))
+        dataset = untuned(dataset)
         return iter(strategy.experimental_distribute_dataset(dataset))
 
     def step_fn(features):

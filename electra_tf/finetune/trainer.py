@@ -346,6 +346,8 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
     """Runs `head` (inference mode) over numpy inputs in batches; returns numpy outputs."""
     import tensorflow as tf
 
+    from electra_tf.data.pipeline import untuned
+
     n = len(inputs["input_ids"])
     # A batch larger than the data would be padded to its size (an eval_batch_size of 100,000
     # on 16 examples: 100,000 rows through the model); one batch of the data gives the same.
@@ -355,7 +357,7 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
               for k in INPUT_KEYS}
     # Padding rows have input_mask 0 everywhere; give them one real token so softmaxes stay finite.
     arrays["input_mask"][n:, 0] = 1
-    dataset = tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size)
+    dataset = untuned(tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size))
     dataset = strategy.experimental_distribute_dataset(dataset)
     step = _predict_step(head, strategy)
     collected: dict[str, list] = {}

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from benchmarks import torch_electra
 from electra_tf.config import ElectraConfig
+from electra_tf.data.pipeline import untuned
 from electra_tf.convert.common import model_slots
 from electra_tf.convert.hf import hf_name, hf_tensors
 from electra_tf.models import masking
@@ -166,7 +167,7 @@ class Pair:
 
         # The binary's step on ours, the authors' optimizer on the reference.
         before = self.weights()
-        self.loop(iter(tf.data.Dataset.from_tensors(tensors).repeat()), tf.constant(1),
+        self.loop(iter(untuned(tf.data.Dataset.from_tensors(tensors).repeat())), tf.constant(1),
                   tf.constant(False))
         lr = self.torch_opt.apply()
         after = self.weights()

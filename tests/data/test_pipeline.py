@@ -52,6 +52,27 @@ def test_batches_are_int32_with_static_shape(built_shards):
     assert tf.reduce_all(tf.equal(b["input_mask"] == 0, b["input_ids"] == 0))
 
 
+def test_every_pipeline_runs_untuned(built_shards, iterated_datasets):
+    """tf.data's autotuner is off in every pipeline the data layer iterates (the training and the
+    evaluation stream, the shard check, the vocabulary learner's counting): an autotuned
+    iterator's destructor waits for the tuner's next wake-up, up to a minute after a long run
+    (`pipeline.untuned`). The parallelism they keep is their own: 4 batches parsed side by side."""
+    from electra_tf.data.tokenizer import learn_vocab
+
+    pattern = os.path.join(built_shards[0], "pretrain_data.tfrecord-*")
+    for is_training in (True, False):
+        next(iter(pretraining_dataset(pattern, 8, SEQ, is_training=is_training)))
+    check_shards(pattern, SEQ)
+    learn_vocab(["the cat sat on the mat .", "a dog ran ."] * 20, vocab_size=120)
+    assert len(iterated_datasets) >= 4
+    for dataset in iterated_datasets:
+        assert dataset.options().autotune.enabled is False, dataset
+    parse = pretraining_dataset(pattern, 8, SEQ)
+    while type(parse).__name__ != "_ParallelMapDataset":  # under the options and the prefetch
+        parse = parse._input_dataset
+    assert parse._num_parallel_calls.numpy() == 4
+
+
 def test_eval_reads_every_example_once(built_shards, all_examples):
     out, _ = built_shards
     ds = pretraining_dataset(os.path.join(out, "pretrain_data.tfrecord-*"), 64, SEQ,

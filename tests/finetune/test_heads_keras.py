@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
+from electra_tf.data.pipeline import untuned
 from electra_tf.finetune.heads import (
     MultipleChoiceClassifier, SentenceClassifier, SentenceRegressor, SpanQuestionAnswerer, TokenTagger)
 
@@ -90,7 +91,8 @@ def loop_loss(head, f, sample_weight=None):
 
 
 def one_batch(*parts):
-    return tf.data.Dataset.from_tensors(tuple(parts))
+    # Untuned: an autotuned iterator left to the collector stalls whoever frees it (pipeline.untuned).
+    return untuned(tf.data.Dataset.from_tensors(tuple(parts)))
 
 
 def expected_metric(family, f, out):

@@ -86,12 +86,16 @@ def _events(folder):
     return tags
 
 
-def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path):
+def test_finetune_rotten_tomatoes_from_checkpoint(pretrained_dir, tmp_path, iterated_datasets):
     folder, _ = pretrained_dir
     lines = []
     result = finetune("rotten_tomatoes", finetuning_config=FC, init_checkpoint=folder,
                       model_dir=tmp_path, seed=3, max_train_examples=64, max_eval_examples=40,
                       log=lines.append)
+    # The training and evaluation inputs run without tf.data's autotuner, whose wake-up an
+    # iterator's end waits for (`data.pipeline.untuned`).
+    assert len(iterated_datasets) >= 2
+    assert all(d.options().autotune.enabled is False for d in iterated_datasets)
     # 64 examples / 16 = 4 steps per epoch, 8 in all; an evaluation after each epoch.
     assert result["train_steps"] == 8 and [h["epoch"] for h in result["history"]] == [1, 2]
     assert any("ETA" in line and "steps/s" in line and "loss" in line for line in lines)

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 from electra_tf.config import ElectraConfig
+from electra_tf.data.pipeline import untuned
 from electra_tf.models import (
     Discriminator, ElectraPretrainer, EmbeddingProjection, Embeddings, Encoder, Generator,
     MaskedLMHead, ReplacedTokenDetectionHead, TransformerLayer)
@@ -157,7 +158,7 @@ def test_compiled_pretrainer_resumes_fit_after_loading(tmp_path):
     ids[:, 0], ids[:, -1] = 101, 102
     data = tf.data.Dataset.from_tensor_slices(
         {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)})
-    data = data.repeat().batch(8)
+    data = untuned(data.repeat().batch(8))  # see pipeline.untuned
     pretrainer = ElectraPretrainer(config, seed=2)
     pretrainer.compile(optimizer=create_optimizer("adamw", 1e-3, num_train_steps=10,
                                                   num_warmup_steps=2))

@@ -1394,9 +1394,10 @@ def test_a_failing_warmup_request_fails_the_load(exports, tmp_path):
         assert "\n" not in message
 
 
-def test_warmup_runs_each_record_as_often_as_asked_or_not_at_all(exports, tmp_path):
+def test_warmup_runs_each_record_as_often_as_asked_or_not_at_all(exports, tmp_path, iterated_datasets):
     """TF Serving's --num_request_iterations_for_warmup (each record run N times in a row) and
-    --enable_model_warmup=false (none run: a version whose warmup file fails loads anyway)."""
+    --enable_model_warmup=false (none run: a version whose warmup file fails loads anyway). The
+    file is read without tf.data's autotuner (an autotuned iterator's end waits for its wake-up)."""
     import shutil
 
     from electra_tf import warmup as W
@@ -1412,6 +1413,7 @@ def test_warmup_runs_each_record_as_often_as_asked_or_not_at_all(exports, tmp_pa
         for record in records:
             writer.write(record)
     runs = []
+    del iterated_datasets[:]  # the replays' own below
 
     class Counted(Servable):  # the real signatures, each call counted
         def signature(self, name):
@@ -1423,6 +1425,8 @@ def test_warmup_runs_each_record_as_often_as_asked_or_not_at_all(exports, tmp_pa
 
     assert replayer.replay(Counted("m", 1, str(folder)), 3)[0] == 6 and len(runs) == 6
     assert replayer.replay(Counted("m", 1, str(folder)), 0)[0] == 2 and len(runs) == 8  # < 1 is once
+    assert len(iterated_datasets) == 2
+    assert all(d.options().autotune.enabled is False for d in iterated_datasets)
 
     with tf.io.TFRecordWriter(str(folder / W.WARMUP_FILE)) as writer:
         writer.write(b"\xff\xff not a proto")
