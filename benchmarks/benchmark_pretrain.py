@@ -193,8 +193,7 @@ def binary_step(model_config, data, batch: int, seq: int, per_loop: int, jit: bo
     # one asked for.
     loop, choice = _choose_step_path(model, opt, grad_norm, strategy, config, model_config, data,
                                      skip_corrupt=False)
-    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
-        data, batch, seq, seed=0)))
+    iterator = pipeline.distributed_iterator(strategy, pipeline.dataset_fn(data, batch, seq, seed=0))
     n = tf.constant(per_loop)
     stop = tf.constant(False)
     return (lambda: float(loop(iterator, n, stop)[0])), per_loop, choice

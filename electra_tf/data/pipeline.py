@@ -68,6 +68,33 @@ def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
+def distributed_iterator(strategy: tf.distribute.Strategy, source):
+    """`iter` of `source` distributed by `strategy`, untuned down to each device's buffer.
+
+    `source` is a dataset (`experimental_distribute_dataset`) or a function of an InputContext
+    (`distribute_datasets_from_function`); pass it untuned. A strategy's iterator feeds each
+    device through a dataset of its own that TensorFlow builds with default options
+    (`_create_device_dataset` of tensorflow/python/data/ops/multi_device_iterator_ops.py, no
+    option reaches it), so freeing the iterator still waited for those datasets' autotuners: 35 s
+    once at the end of a one-device run (`gdb`: `Model::OptimizeLoop` in the joined thread). That
+    function is wrapped while the iterator is made; a TensorFlow without it is left alone.
+    """
+    from tensorflow.python.data.ops import multi_device_iterator_ops as device_buffers
+
+    make = getattr(device_buffers, "_create_device_dataset", None)
+    if callable(source) and not isinstance(source, tf.data.Dataset):
+        distributed = strategy.distribute_datasets_from_function(source)
+    else:
+        distributed = strategy.experimental_distribute_dataset(source)
+    if make is None:
+        return iter(distributed)
+    device_buffers._create_device_dataset = lambda *args, **kwargs: untuned(make(*args, **kwargs))
+    try:
+        return iter(distributed)
+    finally:
+        device_buffers._create_device_dataset = make
+
+
 class CorruptShardError(ValueError):
     """A shard cannot be read as pretraining data; the message names the file."""
 

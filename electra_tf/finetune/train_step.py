@@ -28,7 +28,8 @@ def make_train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: i
     """
     import tensorflow as tf
 
-    from electra_tf.data.pipeline import untuned  # an autotuned iterator's end waits for the tuner
+    # Untuned: an autotuned iterator's end waits for the tuner's wake-up (data.pipeline.untuned).
+    from electra_tf.data.pipeline import distributed_iterator, untuned
     from electra_tf.training import step_path
 
     def distributed_input():
@@ -37,8 +38,7 @@ def make_train_step(head, optimizer, strategy, arrays: dict, batch: int, seed: i
         dataset = (tf.data.Dataset.from_tensor_slices(arrays)
                    .shuffle(len(arrays["input_ids"]), seed=seed, reshuffle_each_iteration=True)
                    .repeat().batch(batch, drop_remainder=True).prefetch(2))
-        dataset = untuned(dataset)
-        return iter(strategy.experimental_distribute_dataset(dataset))
+        return distributed_iterator(strategy, untuned(dataset))
 
     def step_fn(features):
         with tf.GradientTape() as tape:

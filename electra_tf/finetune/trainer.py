@@ -346,7 +346,7 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
     """Runs `head` (inference mode) over numpy inputs in batches; returns numpy outputs."""
     import tensorflow as tf
 
-    from electra_tf.data.pipeline import untuned
+    from electra_tf.data.pipeline import distributed_iterator, untuned
 
     n = len(inputs["input_ids"])
     # A batch larger than the data would be padded to its size (an eval_batch_size of 100,000
@@ -358,10 +358,9 @@ def predict_outputs(head, strategy, inputs: dict, batch_size: int) -> dict:
     # Padding rows have input_mask 0 everywhere; give them one real token so softmaxes stay finite.
     arrays["input_mask"][n:, 0] = 1
     dataset = untuned(tf.data.Dataset.from_tensor_slices(arrays).batch(batch_size))
-    dataset = strategy.experimental_distribute_dataset(dataset)
     step = _predict_step(head, strategy)
     collected: dict[str, list] = {}
-    for batch in dataset:
+    for batch in distributed_iterator(strategy, dataset):
         for key, value in step(batch).items():
             collected.setdefault(key, []).append(value.numpy())
     return {k: np.concatenate(v)[:n] for k, v in collected.items()}

@@ -3,7 +3,7 @@
 One loop a reader can follow:
 
   strategy.scope(): ElectraPretrainer + create_optimizer (+ LossScaleOptimizer for float16)
-  input:  strategy.distribute_datasets_from_function(pipeline.dataset_fn(..., start_step=step))
+  input:  pipeline.distributed_iterator(strategy, pipeline.dataset_fn(..., start_step=step))
   path:   the replica step as a plain graph or XLA-compiled: the faster on this CPU unless
           the config says which (`step_path.choose`: a probe whose steps are undone)
   step:   one tf.function runs n x strategy.run(train_step) (the replica step on that path;
@@ -323,10 +323,9 @@ def _choose_step_path(model, opt, grad_norm, strategy, config: PretrainingConfig
     def runner(jit_compile: bool):
         loop = loop_for(jit_compile)
         if not probe_input:
-            probe_input.append(iter(strategy.distribute_datasets_from_function(
-                pipeline.dataset_fn(data_pattern, config.train_batch_size, config.max_seq_length,
-                                    seed=config.seed, shuffle_buffer=config.shuffle_buffer,
-                                    skip_corrupt=skip_corrupt))))
+            probe_input.append(pipeline.distributed_iterator(strategy, pipeline.dataset_fn(
+                data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
+                shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
         no_stop = tf.constant(False)
         return lambda n: float(loop(probe_input[0], tf.constant(n), no_stop)[0])
 
@@ -408,9 +407,9 @@ def _train(model, opt, grad_norm, loop, manager, saved: str | None, strategy,
     checkpoint when due, and a log line at each multiple of steps_per_loop. Returns (step,
     preempted, metrics, latest checkpoint, the signal that stopped it or arrived, or None)."""
     step = int(opt.iterations.numpy())
-    iterator = iter(strategy.distribute_datasets_from_function(pipeline.dataset_fn(
+    iterator = pipeline.distributed_iterator(strategy, pipeline.dataset_fn(
         data_pattern, config.train_batch_size, config.max_seq_length, seed=config.seed,
-        start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt)))
+        start_step=step, shuffle_buffer=config.shuffle_buffer, skip_corrupt=skip_corrupt))
     writer = (tf.summary.create_file_writer(os.path.join(model_dir, TRAIN_FOLDER))
               if is_chief(strategy) else tf.summary.create_noop_writer())
     progress = ProgressLogger(config.num_train_steps, every_n=1, initial_step=step)

@@ -11,8 +11,8 @@ from tfrecord_framing import record_offsets
 import tensorflow as tf
 
 from electra_tf.data.packing import parse_example
-from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn, list_shards,
-                                      pretraining_dataset)
+from electra_tf.data.pipeline import (CorruptShardError, check_shards, dataset_fn,
+                                      distributed_iterator, list_shards, pretraining_dataset)
 from electra_tf.data.text_files import BadInputError
 
 SEQ = 64
@@ -130,17 +130,22 @@ def test_the_training_stream_is_a_function_of_the_seed_and_resumes_at_a_step(bui
     assert first_ids(4, 0, 3) != straight[:3]
 
 
-def test_dataset_fn_with_mirrored_strategy(built_shards):
+def test_dataset_fn_with_mirrored_strategy(built_shards, iterated_datasets):
+    """Each replica gets its half of the global batch, and every dataset under the strategy's
+    iterator, each device's buffer included (TensorFlow builds those), runs untuned."""
     out, _ = built_shards
     devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
     if len(devices) < 2:
         pytest.skip("needs the two logical CPUs configured in tests/conftest.py")
     strategy = tf.distribute.MirroredStrategy(devices)
-    dist = strategy.distribute_datasets_from_function(
-        dataset_fn(os.path.join(out, "pretrain_data.tfrecord-*"), 8, SEQ, seed=0))
-    batch = next(iter(dist))
+    iterator = distributed_iterator(
+        strategy, dataset_fn(os.path.join(out, "pretrain_data.tfrecord-*"), 8, SEQ, seed=0))
+    batch = next(iterator)
     per_replica = strategy.experimental_local_results(batch["input_ids"])
     assert [t.shape for t in per_replica] == [(4, SEQ), (4, SEQ)]
+    buffers = [d for d in iterated_datasets if isinstance(d.element_spec, dict)]
+    assert len(buffers) == 2  # one per device (the others: each shard's first-record check)
+    assert all(d.options().autotune.enabled is False for d in iterated_datasets)
 
 
 def test_reads_the_original_tools_shard_names(built_shards, tmp_path, helpers):

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from electra_tf import run_folder
 from electra_tf.config import ElectraConfig
-from electra_tf.data.pipeline import untuned
+from electra_tf.data.pipeline import distributed_iterator, untuned
 from electra_tf.models import ElectraPretrainer
 from electra_tf.training import optimizer as optimizer_lib
 from electra_tf.training.config import PretrainingConfig, PretrainingConfigError
@@ -68,7 +68,7 @@ def one_update(strategy, initial, n, make_optimizer):
         model.optimizer = make_optimizer()
         model.optimizer.build(model.trainable_variables)
     dataset = untuned(tf.data.Dataset.from_tensors(data()).repeat())  # see pipeline.untuned
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    iterator = distributed_iterator(strategy, dataset)
     loop = make_loop_fn(model, strategy, accumulation_steps=n)
     loss, bad_step, tokens, skipped, _ = loop(iterator, tf.constant(1), tf.constant(False))
     assert int(bad_step) == -1 and int(skipped) == 0
