@@ -34,6 +34,7 @@ import os
 import re
 import struct
 import sys
+import threading
 import time
 from typing import NamedTuple, Sequence
 
@@ -68,6 +69,9 @@ def untuned(dataset: tf.data.Dataset) -> tf.data.Dataset:
     return dataset.with_options(options)
 
 
+_DEVICE_BUFFERS_LOCK = threading.Lock()
+
+
 def distributed_iterator(strategy: tf.distribute.Strategy, source):
     """`iter` of `source` distributed by `strategy`, untuned down to each device's buffer.
 
@@ -88,11 +92,12 @@ def distributed_iterator(strategy: tf.distribute.Strategy, source):
         distributed = strategy.experimental_distribute_dataset(source)
     if make is None:
         return iter(distributed)
-    device_buffers._create_device_dataset = lambda *args, **kwargs: untuned(make(*args, **kwargs))
-    try:
-        return iter(distributed)
-    finally:
-        device_buffers._create_device_dataset = make
+    with _DEVICE_BUFFERS_LOCK:  # one wrapper at a time, the original always put back
+        device_buffers._create_device_dataset = lambda *args, **kwargs: untuned(make(*args, **kwargs))
+        try:
+            return iter(distributed)
+        finally:
+            device_buffers._create_device_dataset = make
 
 
 class CorruptShardError(ValueError):
