@@ -81,7 +81,9 @@ def distributed_iterator(strategy: tf.distribute.Strategy, source):
     (`_create_device_dataset` of tensorflow/python/data/ops/multi_device_iterator_ops.py, no
     option reaches it), so freeing the iterator still waited for those datasets' autotuners: 35 s
     once at the end of a one-device run (`gdb`: `Model::OptimizeLoop` in the joined thread). That
-    function is wrapped while the iterator is made; a TensorFlow without it is left alone.
+    function is wrapped while the iterator is made, when the strategy's devices are CPUs (the
+    options op is not placed on accelerators; those keep TensorFlow's buffers); a TensorFlow
+    without the function is left alone.
     """
     from tensorflow.python.data.ops import multi_device_iterator_ops as device_buffers
 
@@ -90,7 +92,13 @@ def distributed_iterator(strategy: tf.distribute.Strategy, source):
         distributed = strategy.distribute_datasets_from_function(source)
     else:
         distributed = strategy.experimental_distribute_dataset(source)
-    if make is None:
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: no device buffers
+        devices = ()
+    on_cpus = bool(devices) and all(tf.DeviceSpec.from_string(d).device_type == "CPU"
+                                    for d in devices)
+    if make is None or not on_cpus:
         return iter(distributed)
     with _DEVICE_BUFFERS_LOCK:  # one wrapper at a time, the original always put back
         device_buffers._create_device_dataset = lambda *args, **kwargs: untuned(make(*args, **kwargs))
