@@ -126,7 +126,8 @@ def test_collapse_warning_only_for_a_chance_level_discriminator_after_the_warmup
 
 # --- in-process runs ----------------------------------------------------------------------------
 @pytest.mark.slow
-def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pretrain_vocab):
+def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pretrain_vocab,
+                                                  iterated_datasets):
     strategy = create_strategy("mirrored")
     assert strategy.num_replicas_in_sync == 2
     model_dir = str(tmp_path / "run")
@@ -134,6 +135,10 @@ def test_mirrored_two_cpus_trains_from_real_shards(tmp_path, pretrain_shards, pr
                                          pretrain_shards, model_dir, strategy,
                                          vocab_file=pretrain_vocab, flags={"strategy": "mirrored"})
     assert result.step == 4 and not result.preempted
+    # Every dataset the run iterated, each device's buffer under the strategy's iterator included,
+    # ran untuned (`pipeline.distributed_iterator`: freeing an autotuned one waits for its tuner).
+    assert sum(isinstance(d.element_spec, dict) for d in iterated_datasets) >= 2
+    assert all(d.options().autotune.enabled is False for d in iterated_datasets)
     assert np.isfinite(result.metrics["loss"]) and result.metrics["loss"] > 0
     assert tf.train.latest_checkpoint(model_dir).endswith("ckpt-4")
     # Config JSON: flags, resolved model config and pretraining config.
