@@ -393,6 +393,31 @@ def _make_folders(path: str) -> list[str]:
     return missing[::-1]
 
 
+def _write_out(archive, folder: str) -> None:
+    """`archive.write_out(folder)`, tracing each signature once instead of twice.
+
+    Keras lists the variables the endpoints use (`_filter_and_track_resources`, which traces
+    each endpoint) before calling `tf.saved_model.save`, which traces them again: a function's
+    traces are cached per context, and whether the trace is made inside a save context (the
+    save options' variable policy) is part of that context (TensorFlow's
+    `function_context.make_function_context`). Listing them inside a save context with the
+    options `write_out` saves with (the defaults) makes Keras' trace the one the save finds:
+    the same SavedModel, about a fifth less export time (docs/benchmarks.md, "An export traces
+    each signature once"). A Keras without that method, or one calling it inside the save,
+    writes as before."""
+    from tensorflow.python.saved_model import save_context  # no public API for it
+
+    track = getattr(archive, "_filter_and_track_resources", None)
+    if track is not None:
+        def track_in_save_context():
+            if save_context.in_save_context():
+                return track()
+            with save_context.save_context(tf.saved_model.SaveOptions()):
+                return track()
+        archive._filter_and_track_resources = track_in_save_context
+    archive.write_out(folder, verbose=False)
+
+
 def write_version(archive, report: dict, export_base: str, model_name: str,
                   version: int | None, method_names: Mapping[str, str] | None = None) -> str:
     """Writes the archive beside BASE/NAME, completes `report` (signatures, ops, version) into
@@ -424,7 +449,7 @@ def write_version(archive, report: dict, export_base: str, model_name: str,
             staging = tempfile.mkdtemp(prefix=f".{model_name}{_STAGING_INFIX}", dir=export_base)
             held = files.hold(staging)
         give_normal_mode(staging)  # mkdtemp's 0700 would hide the version from other accounts
-        archive.write_out(staging, verbose=False)
+        _write_out(archive, staging)
         if method_names:
             _set_method_names(staging, method_names)
         report.update({"signatures": _signature_summary(staging), "tensorflow": tf.__version__,

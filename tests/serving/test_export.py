@@ -971,6 +971,38 @@ def test_export_folder_gets_the_normal_mode(cases, vocab_file, export_base):
     assert stat.S_IMODE(os.stat(os.path.join(path, "saved_model.pb")).st_mode) == 0o666 & ~umask()
 
 
+def test_an_export_traces_each_signature_once(cases, vocab_file, export_base, monkeypatch):
+    """Keras lists an archive's variables by tracing its endpoints, then `tf.saved_model.save`
+    traces them again unless the first trace was made in a save context (`export._write_out`):
+    each signature's Python body runs once per export, frozen or with variables."""
+    import functools
+
+    from electra_tf import signatures
+
+    traced = []
+    made = signatures.for_head
+
+    def counted(*args, **kwargs):
+        def count(name, fn):
+            @functools.wraps(fn)  # the same argument names, so the same signature
+            def body(*a, **k):
+                traced.append(name)
+                return fn(*a, **k)
+            return body
+        return {name: (count(name, fn), spec) for name, (fn, spec) in made(*args, **kwargs).items()}
+
+    monkeypatch.setattr(signatures, "for_head", counted)
+    info = {"kind": "classification", "max_seq_length": SEQ, "label_names": ["negative", "positive"]}
+    for freeze in (True, False):
+        traced.clear()
+        path = E.export_head(cases["classification"].head, info, vocab_file, export_base,
+                             f"traced_{freeze}", freeze=freeze, verbose=False)
+        assert sorted(traced) == ["classify", "serve_ids", "serving_default"], (freeze, traced)
+        report = json.load(open(os.path.join(path, E.EXPORT_REPORT)))
+        assert report["frozen"] is freeze
+        assert set(report["signatures"]) == {"classify", "serve_ids", "serving_default"}
+
+
 @pytest.mark.parametrize("name", ["../x", "/tmp/abs", "a/b", "..", ".", "", ".hidden", "a\\b", "a b"])
 def test_model_name_must_be_one_folder_name(cases, vocab_file, tmp_path, name):
     """A name with a '/' (or '..') would put the export outside export_base: refused before any work."""
