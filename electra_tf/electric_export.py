@@ -77,8 +77,9 @@ def export_scorer(checkpoint, export_base, model_name: str = "electric", *,
         archive.track(scorer.discriminator)
         archive.track(pre)  # the tokenizer's model buffer and the vocab table (its asset)
         fn, spec = score_endpoint(scorer.discriminator, pre)
+        # Keras writes the first endpoint as `serving_default` too: one traced function for
+        # both signatures (a second endpoint of the same `fn` would be traced again).
         archive.add_endpoint("score", fn, input_signature=spec)
-        archive.add_endpoint("serving_default", fn, input_signature=spec)
         target = write_version(archive, report, str(export_base), model_name, version)
     if verbose:
         print(format_report(target, report))

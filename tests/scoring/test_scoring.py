@@ -235,9 +235,13 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
     # The export, loaded in this process, against the library.
     report = json.loads((base / "electric/1/assets.extra/electra_export.json").read_text())
     assert set(report["signatures"]) == {"score", "serving_default"}
-    score = tf.saved_model.load(str(base / "electric" / "1")).signatures["score"]
+    loaded = tf.saved_model.load(str(base / "electric" / "1"))
     texts = SENTENCES[:4] + ["the film was great " * 8]  # 32 pieces: over 32 with [CLS], [SEP]
-    out = score(text=tf.constant(texts))
+    out = loaded.signatures["score"](text=tf.constant(texts))
+    default = loaded.signatures["serving_default"](text=tf.constant(texts))
+    assert set(default) == set(out)
+    for key in out:  # the same function under both names
+        np.testing.assert_array_equal(default[key].numpy(), out[key].numpy(), err_msg=key)
     np.testing.assert_allclose(out["score"].numpy()[:4], [w.score for w in want[:4]], atol=1e-4)
     assert out["num_tokens"].numpy().tolist()[:4] == [len(w.tokens) for w in want[:4]]
     assert out["truncated"].numpy().tolist() == [False] * 4 + [True]
