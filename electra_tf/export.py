@@ -403,8 +403,8 @@ def _write_out(archive, folder: str) -> None:
     `function_context.make_function_context`). Listing them inside a save context with the
     options `write_out` saves with (the defaults) makes Keras' trace the one the save finds:
     the same SavedModel in 0.7-0.95x the time, with less peak memory (docs/benchmarks.md, "An
-    export traces each signature once"). A Keras without that method, or one calling it inside the save,
-    writes as before."""
+    export traces each signature once"). A Keras without that method, or one calling it inside
+    the save, writes as before."""
     from tensorflow.python.saved_model import save_context  # no public API for it
 
     track = getattr(archive, "_filter_and_track_resources", None)

@@ -5,6 +5,7 @@ output, from one forward pass over `[CLS] pieces [SEP]`. The model here is a ran
 model: these tests pin the arithmetic and the plumbing, `test_ranking.py` what training gives.
 """
 
+import functools
 import json
 import os
 import socket
@@ -202,7 +203,8 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_electra_export_serves_electric_scores_from_another_process(checkpoint, tmp_path):
+def test_electra_export_serves_electric_scores_from_another_process(checkpoint, tmp_path,
+                                                                    monkeypatch):
     """electra-export writes the `score` signature of an Electric checkpoint; electra-serve, in
     its own process, answers REST :predict with the library's scores. The same export, loaded
     here, matches the library too (scores, token counts, truncation at --max_seq_length, the
@@ -246,9 +248,25 @@ def test_electra_export_serves_electric_scores_from_another_process(checkpoint, 
     assert out["num_tokens"].numpy().tolist()[:4] == [len(w.tokens) for w in want[:4]]
     assert out["truncated"].numpy().tolist() == [False] * 4 + [True]
     assert out["num_tokens"].numpy()[4] == 30
-    # The next export takes the next version; an existing one is never overwritten.
+    # The next export takes the next version; an existing one is never overwritten. It traces
+    # the scoring function once for both signatures.
+    from electra_tf import electric_export
+
+    traced, made = [], electric_export.score_endpoint
+
+    def counted(*args):
+        fn, spec = made(*args)
+
+        @functools.wraps(fn)
+        def body(*a, **k):
+            traced.append(1)
+            return fn(*a, **k)
+        return body, spec
+
+    monkeypatch.setattr(electric_export, "score_endpoint", counted)
     assert export_scorer(checkpoint, base, "electric", max_seq_length=24,
                          verbose=False) == str(base / "electric" / "2")
+    assert len(traced) == 1
     with pytest.raises(FileExistsError, match="never overwritten"):
         export_scorer(checkpoint, base, "electric", version=1)
 
