@@ -54,6 +54,17 @@ from tests import preloaded  # noqa: E402
 preloaded.install()
 
 
+def pytest_collection_finish(session):
+    """The objects of the imports and of collection frozen out of the garbage collector (as in
+    the fork server, tests/preloaded_server.py): the in-process tests' tracing no longer pays
+    full collections that rescan them. ELECTRA_TEST_GC_FREEZE=0 leaves them."""
+    if os.environ.get("ELECTRA_TEST_GC_FREEZE", "1") != "0":
+        import gc
+
+        gc.collect()
+        gc.freeze()
+
+
 def pytest_runtest_setup(item):
     preloaded.allow(item.get_closest_marker("real_process") is None)
 
