@@ -55,7 +55,7 @@ from absl import app, flags, logging  # noqa: E402,F401
 # CUDA platform's error line it never prints on its own.
 app._init_callbacks.clear()  # pylint: disable=protected-access
 
-# The imports' ~1M objects moved out of the collector's reach: a fresh interpreter's full
+# The imports' ~320k objects moved out of the collector's reach: a fresh interpreter's full
 # collections rescan them all while a command traces its functions (~10% of a short pretraining
 # run's CPU, docs/test_suite.md "The collector frozen after the imports"), and each fork would
 # copy the pages those scans touch. ELECTRA_TEST_GC_FREEZE=0 leaves them (to compare).
